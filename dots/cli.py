@@ -1,0 +1,76 @@
+"""`dots` command line: one subcommand per pipeline stage, each reading params.yaml plus
+`-S key=value` overrides (the same dotted keys as `dvc exp run -S`).
+
+    dots prepare | warmup | embed | label | fit-predictor | train [--method M] | compare | all
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .config import METHODS, ConfigError, load_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-p", "--params", default="params.yaml", help="params file (default: params.yaml)")
+    common.add_argument("-S", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a param, e.g. -S train.steps=50 (repeatable)")
+    parser = argparse.ArgumentParser(prog="dots", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in [("prepare", "generate the pool and held-out set"),
+                       ("warmup", "supervised warm-up of the tiny policy; prints the pool's spectrum"),
+                       ("embed", "embed the pool with the frozen backbone (cached)"),
+                       ("label", "label a pool subset with each warm-up policy's pass rate"),
+                       ("fit-predictor", "train the difficulty predictor; prints held-out Pearson/MAE"),
+                       ("compare", "time-to-target table of the trained methods"),
+                       ("all", "every stage, then train each of train.methods and compare")]:
+        sub.add_parser(name, parents=[common], help=text)
+    train = sub.add_parser("train", parents=[common], help="train one method")
+    train.add_argument("--method", choices=METHODS, help="overrides train.method")
+    train.add_argument("--restart", action="store_true", help="ignore an existing checkpoint and start over")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = load_config(args.params, args.overrides)
+    except ConfigError as exc:
+        print(f"dots: {exc}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from . import stages  # noqa: PLC0415  (heavy imports only after the config is valid)
+
+    try:
+        if args.command == "prepare":
+            stages.prepare(cfg)
+        elif args.command == "warmup":
+            stages.run_warmup(cfg)
+        elif args.command == "embed":
+            stages.embed(cfg)
+        elif args.command == "label":
+            stages.label(cfg)
+        elif args.command == "fit-predictor":
+            stages.fit(cfg)
+        elif args.command == "train":
+            stages.train(cfg, args.method, resume=not args.restart)
+        elif args.command == "compare":
+            stages.compare(cfg)
+        elif args.command == "all":
+            for stage in (stages.prepare, stages.run_warmup, stages.embed, stages.label, stages.fit):
+                stage(cfg)
+            for method in cfg.train.methods:
+                stages.train(cfg, method)
+            stages.compare(cfg)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"dots {args.command}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

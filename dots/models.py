@@ -1,0 +1,69 @@
+"""The tiny policy of the embedded default: a GPT-2 architecture from transformers, random
+init, with a character tokenizer built locally (no hub download, saved with
+`save_pretrained` so every later stage loads it like any hub model).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+from .config import ModelConfig
+
+transformers.utils.logging.disable_progress_bar()
+
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+ALPHABET = list("0123456789+=")
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: one token per digit or sign, <bos> prepended."""
+    vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS, *ALPHABET])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", special_tokens=[(BOS, vocab[BOS])])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+                                   unk_token=PAD)
+    fast.padding_side = "left"
+    return fast
+
+
+def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> GPT2LMHeadModel:
+    """Random-init GPT-2 sized by `cfg`. Dropout is off: RL ratios need a deterministic policy."""
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=len(tokenizer), n_positions=cfg.n_positions, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+        n_head=cfg.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    config.loss_type = "ForCausalLM"  # silences transformers' "loss_type=None" notice
+    return GPT2LMHeadModel(config)
+
+
+def save_policy(model, tokenizer, path: str | Path) -> None:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def load_policy(path: str | Path, dtype: torch.dtype = torch.float32):
+    """Load a saved policy and tokenizer (ours or any local causal LM folder)."""
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path}: no saved model; run `dots warmup` first")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model, tokenizer
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,88 @@
+"""Train and evaluate the difficulty predictor on labelled questions.
+
+Labels are observed difficulties d = 1 − mean reward under G samples, gathered with
+several warm-up policies (the paper labels with several models), so the predictor learns
+"difficulty relative to the references, under whatever policy labelled them". Each batch
+picks one policy and one random reference set shared by the batch's queries; a query
+never attends to itself. Held-out questions (never used as queries or references in
+training) give the Pearson and MAE we report.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy import stats
+from torch.nn import functional as F
+
+from .config import PredictorConfig
+from .predictor import DifficultyPredictor
+
+
+def split_labelled(n: int, holdout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out) positions into the labelled set."""
+    perm = np.random.default_rng(seed).permutation(n)
+    n_hold = max(1, int(round(n * holdout_fraction)))
+    return perm[n_hold:], perm[:n_hold]
+
+
+def fit_predictor(embeddings: torch.Tensor, labels: dict[str, np.ndarray], cfg: PredictorConfig,
+                  ref_size: int, seed: int = 0, progress=None) -> tuple[DifficultyPredictor, dict]:
+    """`embeddings` (M, D) of the labelled questions; `labels[policy]` (M,) difficulties."""
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    m = embeddings.shape[0]
+    train, hold = split_labelled(m, cfg.holdout_fraction, seed)
+    k = min(ref_size, len(train) - 1)
+    batch = min(cfg.batch_size, len(train))
+    policies = sorted(labels)
+    tensors = {p: torch.as_tensor(labels[p], dtype=torch.float32) for p in policies}
+    model = DifficultyPredictor(embeddings.shape[1], cfg.hidden, cfg.dropout)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+    model.train()
+    for step in range(cfg.steps):
+        d = tensors[policies[rng.integers(len(policies))]]
+        refs = rng.choice(train, size=k, replace=False)
+        queries = rng.choice(train, size=batch, replace=False)
+        exclude = torch.as_tensor(queries[:, None] == refs[None, :])
+        pred = model(embeddings[queries], embeddings[refs], d[refs], exclude)
+        loss = F.binary_cross_entropy(pred.clamp(1e-6, 1 - 1e-6), d[queries])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if progress is not None:
+            progress(step, loss.item())
+    model.eval()
+    metrics = evaluate_predictor(model, embeddings, labels, train, hold, k, seed)
+    metrics["train_questions"], metrics["holdout_questions"], metrics["ref_size"] = len(train), len(hold), k
+    return model, metrics
+
+
+@torch.inference_mode()
+def evaluate_predictor(model: DifficultyPredictor, embeddings: torch.Tensor, labels: dict[str, np.ndarray],
+                       train: np.ndarray, hold: np.ndarray, ref_size: int, seed: int = 0,
+                       draws: int = 8) -> dict:
+    """Pearson and MAE of held-out predictions, per policy and averaged, over several reference draws."""
+    rng = np.random.default_rng(seed + 1)
+    proj = model.project_pool(embeddings)
+    out: dict = {"per_policy": {}}
+    for name in sorted(labels):
+        d = np.asarray(labels[name], dtype=np.float64)
+        pearsons, maes = [], []
+        for _ in range(draws):
+            refs = rng.choice(train, size=ref_size, replace=False)
+            pred = model.predict_projected(proj, refs, d[refs])[hold]
+            pearsons.append(pearson(pred, d[hold]))
+            maes.append(float(np.abs(pred - d[hold]).mean()))
+        out["per_policy"][name] = {"pearson": float(np.nanmean(pearsons)), "mae": float(np.mean(maes))}
+    out["pearson"] = float(np.nanmean([v["pearson"] for v in out["per_policy"].values()]))
+    out["mae"] = float(np.mean([v["mae"] for v in out["per_policy"].values()]))
+    return out
+
+
+def pearson(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson r, NaN when either side is constant (no signal to correlate)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if len(a) < 2 or a.std() == 0 or b.std() == 0:
+        return float("nan")
+    return float(stats.pearsonr(a, b).statistic)

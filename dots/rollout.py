@@ -1,0 +1,160 @@
+"""Rollout engines: sample G responses per prompt and return them with the per-token
+log-probs of the sampling policy (the behaviour log-probs that replay's importance
+ratio needs).
+
+`RolloutEngine` is the protocol; `HFEngine` runs a transformers causal LM with its own
+KV-cached sampling loop (batched, left-padded prompts, no per-token host copies);
+`dots.rollout_vllm` (imported lazily, optional `gpu` extra) serves the GPU profile
+behind the same protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class Group:
+    """G sampled responses to one question: the unit that selection, replay and loss share."""
+
+    question_id: int
+    prompt_ids: torch.Tensor          # (P,) long
+    response_ids: torch.Tensor        # (G, L) long, right-padded with the pad id
+    response_mask: torch.Tensor       # (G, L) bool, True on generated tokens (eos included)
+    logprobs: torch.Tensor            # (G, L) float, behaviour log-probs, 0 on padding
+    texts: list[str]
+    rewards: torch.Tensor | None = None   # (G,) float in [0, 1]
+    version: int = 0                  # policy version (step) that generated it
+
+    @property
+    def size(self) -> int:
+        return int(self.response_ids.shape[0])
+
+    @property
+    def mean_reward(self) -> float:
+        assert self.rewards is not None, "rewards not scored yet"
+        return float(self.rewards.mean())
+
+    @property
+    def informative(self) -> bool:
+        """0 < mean reward < 1: the group has a non-zero advantage somewhere."""
+        m = self.mean_reward
+        return 0.0 < m < 1.0
+
+
+class RolloutEngine(Protocol):
+    """What the trainer needs from a generator."""
+
+    def generate(self, prompts: list[list[int]], n: int, *, temperature: float, max_new_tokens: int,
+                 greedy: bool = False, generator: torch.Generator | None = None) -> list[Group]:
+        """n samples for each prompt, one Group per prompt (question_id = index in `prompts`)."""
+        ...
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Make the engine sample from `model`'s current weights."""
+        ...
+
+
+@dataclass
+class HFEngine:
+    """Batched sampling with a KV cache on a transformers causal LM (CPU or one GPU)."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    batch_size: int = 1024
+    _pad: int = field(init=False)
+    _eos: int = field(init=False)
+
+    def __post_init__(self):
+        self._pad = int(self.tokenizer.pad_token_id)
+        self._eos = int(self.tokenizer.eos_token_id)
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        self.model = model  # same process, same tensors: nothing to copy
+
+    @torch.inference_mode()
+    def _sample_batch(self, prompts: list[list[int]], temperature: float, max_new_tokens: int, greedy: bool,
+                      generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        n = len(prompts)
+        ids = torch.full((n, width), self._pad, dtype=torch.long)
+        attn = torch.zeros((n, width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attn[i, width - len(p):] = 1
+        ids, attn = ids.to(device), attn.to(device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        out_ids = torch.full((n, max_new_tokens), self._pad, dtype=torch.long, device=device)
+        out_lp = torch.zeros((n, max_new_tokens), device=device)
+        out_mask = torch.zeros((n, max_new_tokens), dtype=torch.bool, device=device)
+        alive = torch.ones(n, dtype=torch.bool, device=device)
+        cache, step_ids, step_pos = None, ids, pos
+        for t in range(max_new_tokens):
+            out = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
+                             cache=cache, use_cache=True, logits_to_keep=1)
+            cache = out.cache
+            logits = out.logits[:, -1, :].float()
+            logp = torch.log_softmax(logits / temperature, dim=-1)
+            if greedy:
+                tok = logp.argmax(-1)
+            else:
+                tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+            tok = torch.where(alive, tok, torch.full_like(tok, self._pad))
+            out_ids[:, t] = tok
+            out_lp[:, t] = torch.where(alive, logp.gather(-1, tok[:, None]).squeeze(-1), 0.0)
+            out_mask[:, t] = alive
+            alive = alive & (tok != self._eos)
+            if t == 0:
+                step_pos = pos[:, -1:] + 1
+            else:
+                step_pos = step_pos + 1
+            step_ids = tok[:, None]
+            attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=device)], dim=1)
+            if not alive.any():
+                out_ids, out_lp, out_mask = out_ids[:, : t + 1], out_lp[:, : t + 1], out_mask[:, : t + 1]
+                break
+        return out_ids.cpu(), out_mask.cpu(), out_lp.cpu()
+
+    def generate(self, prompts: list[list[int]], n: int, *, temperature: float = 1.0, max_new_tokens: int = 16,
+                 greedy: bool = False, generator: torch.Generator | None = None) -> list[Group]:
+        flat = [p for p in prompts for _ in range(n)]
+        chunks = []
+        for start in range(0, len(flat), self.batch_size):
+            chunks.append(self._sample_batch(flat[start:start + self.batch_size], temperature, max_new_tokens,
+                                             greedy, generator))
+        width = max(c[0].shape[1] for c in chunks)
+        ids = torch.cat([_pad_to(c[0], width, self._pad) for c in chunks])
+        mask = torch.cat([_pad_to(c[1], width, False) for c in chunks])
+        lp = torch.cat([_pad_to(c[2], width, 0.0) for c in chunks])
+        texts = self.tokenizer.batch_decode(ids.masked_fill(~mask, self._pad).tolist(), skip_special_tokens=True)
+        groups = []
+        for q, prompt in enumerate(prompts):
+            sl = slice(q * n, (q + 1) * n)
+            groups.append(Group(question_id=q, prompt_ids=torch.tensor(prompt, dtype=torch.long),
+                                response_ids=ids[sl], response_mask=mask[sl], logprobs=lp[sl], texts=texts[sl]))
+        return groups
+
+
+def _pad_to(t: torch.Tensor, width: int, value) -> torch.Tensor:
+    if t.shape[1] == width:
+        return t
+    fill = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)
+    return torch.cat([t, fill], dim=1)
+
+
+def make_engine(name: str, model, tokenizer, batch_size: int) -> RolloutEngine:
+    """The engine named in `rollout.engine`; vLLM is imported only when asked for."""
+    if name == "hf":
+        return HFEngine(model, tokenizer, batch_size=batch_size)
+    if name == "vllm":
+        try:
+            from .rollout_vllm import VLLMEngine  # noqa: PLC0415  (optional gpu extra)
+        except ImportError as exc:
+            raise RuntimeError("rollout.engine: 'vllm' needs the gpu extra (pip install 'dots[gpu]') and a "
+                               f"GPU; import failed: {exc}") from None
+        return VLLMEngine(model, tokenizer, batch_size=batch_size)
+    raise ValueError(f"rollout.engine: unknown engine {name!r}; allowed: hf, vllm")

@@ -1,0 +1,249 @@
+"""The pipeline's stages, one function each, reading and writing fixed paths under
+`paths.root`. The CLI, the DVC stages and the Prefect tasks all call these.
+
+    prepare        data/pool.jsonl, data/eval.jsonl
+    warmup         models/warmup/{step*,final}, models/warmup/spectrum.json
+    embed          embeddings/pool.pt
+    label          labels/labels.json
+    fit-predictor  predictor/predictor.pt, predictor/metrics.json
+    train          runs/<method>/{checkpoint.pt,records.jsonl,evals.json,summary.json}
+    compare        compare/comparison.json, compare/table.md
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import Config
+from .data import Question, generate, load_questions, save_questions
+from .embeddings import (StaleCacheError, backbone_identity, encode_with_sentence_transformers, load_embeddings,
+                         masked_mean_embeddings, save_embeddings)
+from .evaluation import pass_rates, spectrum
+from .models import load_policy
+from .predictor import load_predictor, save_predictor
+from .predictor_training import fit_predictor
+from .progress import Progress, say
+from .rollout import HFEngine
+from .trainer import Trainer, time_to_target
+from .tracking import read_run
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+
+    @property
+    def pool(self) -> Path: return self.root / "data" / "pool.jsonl"
+    @property
+    def eval(self) -> Path: return self.root / "data" / "eval.jsonl"
+    @property
+    def warmup(self) -> Path: return self.root / "models" / "warmup"
+    @property
+    def policy(self) -> Path: return self.warmup / "final"
+    @property
+    def embeddings(self) -> Path: return self.root / "embeddings" / "pool.pt"
+    @property
+    def labels(self) -> Path: return self.root / "labels" / "labels.json"
+    @property
+    def predictor(self) -> Path: return self.root / "predictor" / "predictor.pt"
+    @property
+    def predictor_metrics(self) -> Path: return self.root / "predictor" / "metrics.json"
+    @property
+    def compare(self) -> Path: return self.root / "compare"
+
+    def run(self, method: str) -> Path:
+        return self.root / "runs" / method
+
+
+def paths(cfg: Config) -> Paths:
+    return Paths(cfg.root)
+
+
+def _write_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.replace(path)
+
+
+def prepare(cfg: Config) -> dict:
+    pool, held = generate(cfg.task)
+    p = paths(cfg)
+    save_questions(pool, p.pool)
+    save_questions(held, p.eval)
+    say(f"prepare: {len(pool)} pool questions, {len(held)} held-out, {len(cfg.task.tiers)} tiers -> {p.pool.parent}")
+    return {"pool": len(pool), "eval": len(held)}
+
+
+def load_data(cfg: Config) -> tuple[list[Question], list[Question]]:
+    p = paths(cfg)
+    return load_questions(p.pool), load_questions(p.eval)
+
+
+def run_warmup(cfg: Config) -> dict:
+    from .warmup import warmup  # noqa: PLC0415
+
+    torch.set_num_threads(cfg.train.threads)
+    p = paths(cfg)
+    pool, _ = load_data(cfg)
+    with Progress("warm-up", cfg.warmup.steps) as bar:
+        info = warmup(cfg, p.warmup, progress=lambda step, loss: bar.update(step, loss=loss))
+    model, tok = load_policy(p.policy)
+    sample = pool[: cfg.warmup.spectrum_questions]
+    rates = pass_rates(HFEngine(model, tok, cfg.rollout.batch_size), tok, sample, cfg.rollout.group_size,
+                       cfg.rollout.temperature, cfg.rollout.max_new_tokens, torch.Generator().manual_seed(0))
+    spec = spectrum(rates)
+    info["spectrum"] = spec
+    info["spectrum_questions"] = len(sample)
+    _write_json(p.warmup / "spectrum.json", info)
+    say(f"warm-up: {info['steps']} steps in {info['seconds']:.0f}s; pool spectrum under G={cfg.rollout.group_size}"
+        f" ({len(sample)} questions): never {spec['never']:.0%}, sometimes {spec['sometimes']:.0%}, "
+        f"always {spec['always']:.0%}")
+    return info
+
+
+def _backbone(cfg: Config) -> str:
+    spec = cfg.embed.backbone
+    return backbone_identity(paths(cfg).policy) if spec == "warmup" else spec
+
+
+def embed(cfg: Config) -> dict:
+    """Embed the pool once; reuse the cache when it matches backbone and pool, redo it when stale."""
+    torch.set_num_threads(cfg.train.threads)
+    p = paths(cfg)
+    pool, _ = load_data(cfg)
+    ident = _backbone(cfg)
+    if p.embeddings.exists():
+        try:
+            emb = load_embeddings(p.embeddings, ident, pool)
+            say(f"embed: cache {p.embeddings} is current ({tuple(emb.shape)}); nothing to do")
+            return {"cached": True, "shape": list(emb.shape)}
+        except StaleCacheError as exc:
+            say(f"embed: {exc}; recomputing")
+    start = time.perf_counter()
+    texts = [q.prompt for q in pool]
+    if cfg.embed.backbone == "warmup":
+        model, tok = load_policy(p.policy)
+        emb = masked_mean_embeddings(model, tok, texts, cfg.embed.batch_size)
+    elif cfg.embed.backbone.startswith("sentence-transformers:"):
+        emb = encode_with_sentence_transformers(cfg.embed.backbone.split(":", 1)[1], texts, cfg.embed.batch_size)
+    else:
+        raise ValueError(f"embed.backbone: {cfg.embed.backbone!r}; allowed: 'warmup' or "
+                         "'sentence-transformers:<name>'")
+    save_embeddings(p.embeddings, emb, ident, pool)
+    say(f"embed: {tuple(emb.shape)} in {time.perf_counter() - start:.1f}s -> {p.embeddings}")
+    return {"cached": False, "shape": list(emb.shape)}
+
+
+def label(cfg: Config) -> dict:
+    """Observed difficulty of a labelled subset of the pool under each warm-up policy."""
+    torch.set_num_threads(cfg.train.threads)
+    p = paths(cfg)
+    pool, _ = load_data(cfg)
+    rng = np.random.default_rng(cfg.task.seed + 7)
+    idx = np.sort(rng.choice(len(pool), size=cfg.label.num_questions, replace=False))
+    subset = [pool[i] for i in idx]
+    out = {"question_index": idx.tolist(), "group_size": cfg.rollout.group_size, "policies": {}}
+    for name in cfg.label.policies:
+        model, tok = load_policy(p.warmup / name)
+        engine = HFEngine(model, tok, cfg.rollout.batch_size)
+        rates = pass_rates(engine, tok, subset, cfg.rollout.group_size, cfg.rollout.temperature,
+                           cfg.rollout.max_new_tokens, torch.Generator().manual_seed(cfg.task.seed))
+        out["policies"][name] = (1.0 - rates).tolist()
+        spec = spectrum(rates)
+        say(f"label: {name}: never {spec['never']:.0%}, sometimes {spec['sometimes']:.0%}, "
+            f"always {spec['always']:.0%} on {len(subset)} questions")
+    _write_json(p.labels, out)
+    return {"questions": len(subset), "policies": list(out["policies"])}
+
+
+def fit(cfg: Config) -> dict:
+    torch.set_num_threads(cfg.train.threads)
+    p = paths(cfg)
+    pool, _ = load_data(cfg)
+    emb = load_embeddings(p.embeddings, _backbone(cfg), pool)
+    data = json.loads(p.labels.read_text()) if p.labels.exists() else None
+    if data is None:
+        raise FileNotFoundError(f"{p.labels}: no labels; run `dots label` first")
+    idx = np.asarray(data["question_index"])
+    labels = {k: np.asarray(v) for k, v in data["policies"].items()}
+    with Progress("fit predictor", cfg.predictor.steps) as bar:
+        model, metrics = fit_predictor(emb[idx], labels, cfg.predictor, cfg.selection.ref_size, cfg.task.seed,
+                                       progress=lambda s, loss: bar.update(s + 1, loss=loss))
+    p.predictor.parent.mkdir(parents=True, exist_ok=True)
+    save_predictor(p.predictor, model, metrics)
+    _write_json(p.predictor_metrics, metrics)
+    say(f"fit-predictor: held-out Pearson {metrics['pearson']:.3f}, MAE {metrics['mae']:.3f} "
+        f"({metrics['holdout_questions']} questions, K={metrics['ref_size']})")
+    return metrics
+
+
+def train(cfg: Config, method: str | None = None, resume: bool = True) -> dict:
+    method = method or cfg.train.method
+    p = paths(cfg)
+    pool, held = load_data(cfg)
+    predictor = emb = None
+    if method in ("dots", "dots_rr"):
+        emb = load_embeddings(p.embeddings, _backbone(cfg), pool)
+        predictor = load_predictor(p.predictor)
+    with Progress(f"train {method}", cfg.train.steps) as bar:
+        def on_step(rec: dict) -> None:
+            bar.update(rec["step"], reward=rec["train/reward_mean"], acc=rec.get("eval/accuracy"))
+        trainer = Trainer(cfg, method, p.policy, pool, held, p.run(method), predictor, emb, resume=resume,
+                          on_step=on_step)
+        bar.update(trainer.step)
+        result = trainer.run()
+    s = result.summary
+    say(f"train {method}: final accuracy {s['final_accuracy']:.3f} (from {s['initial_accuracy']:.3f}) after "
+        f"{s['steps']} steps, {s['elapsed_s']:.0f}s training clock")
+    return s
+
+
+def compare(cfg: Config, methods: list[str] | None = None) -> dict:
+    """Time-to-target of each method, the target being grpo's final accuracy (DESIGN §5)."""
+    p = paths(cfg)
+    methods = methods or cfg.train.methods
+    runs = {m: read_run(p.run(m)) for m in methods}
+    target = runs["grpo"][0]["final_accuracy"] if "grpo" in runs else cfg.train.target_accuracy
+    if target is None:
+        raise ValueError("compare: needs a grpo run or train.target_accuracy to define the target")
+    rows = []
+    for m, (summary, evals) in runs.items():
+        tts, sts = time_to_target(evals, target)
+        rows.append({"method": m, "time_to_target_s": tts, "steps_to_target": sts,
+                     "final_accuracy": summary["final_accuracy"], "initial_accuracy": summary["initial_accuracy"],
+                     "elapsed_s": summary["elapsed_s"], "mean_step_s": summary.get("mean:time/step_s"),
+                     "effective_ratio": summary.get("mean:train/effective_ratio"),
+                     "dots_pearson": summary.get("mean:dots/pearson")})
+    base = next((r for r in rows if r["method"] == "grpo"), None)
+    for r in rows:
+        ok = base and base["time_to_target_s"] and r["time_to_target_s"] is not None
+        r["time_to_target_ratio"] = r["time_to_target_s"] / base["time_to_target_s"] if ok else None
+    out = {"target_accuracy": target, "rows": rows}
+    _write_json(p.compare / "comparison.json", out)
+    table = render_table(out)
+    (p.compare / "table.md").write_text(table + "\n")
+    say(table)
+    return out
+
+
+def render_table(comparison: dict) -> str:
+    def f(v, fmt):
+        return "—" if v is None else format(v, fmt)
+
+    lines = [f"target accuracy (grpo's final): {comparison['target_accuracy']:.4f}", "",
+             "| method | time-to-target (s) | steps-to-target | final accuracy | ratio to grpo | mean step (s) "
+             "| effective ratio | dots/pearson |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in comparison["rows"]:
+        lines.append(f"| {r['method']} | {f(r['time_to_target_s'], '.1f')} | {f(r['steps_to_target'], 'd')} | "
+                     f"{f(r['final_accuracy'], '.4f')} | {f(r['time_to_target_ratio'], '.2f')} | "
+                     f"{f(r['mean_step_s'], '.3f')} | {f(r['effective_ratio'], '.2f')} | "
+                     f"{f(r['dots_pearson'], '.2f')} |")
+    return "\n".join(lines)

@@ -1,0 +1,289 @@
+"""One readable GRPO loop for the four methods of DESIGN §1.
+
+    grpo     B questions drawn uniformly, all groups fresh
+    dots     B questions drawn ∝ exp(−|d̂−α|/τ) from the round's predictions, all fresh
+    rr       uniform questions, δ·B fresh groups + (1−δ)·B replayed from the buffer
+    dots_rr  DOTS questions for the fresh part + replay
+
+Every `selection.every` steps a DOTS round rolls out K reference questions with the
+current policy, predicts every other question's difficulty from their observed labels
+(one K×N attention over cached projections), and the round's questions are then drawn
+step by step, without replacement, by Gumbel-top-k. Informative reference groups are
+training data: they fill the next fresh slots before any new question is generated.
+
+What it simplifies: one optimizer step per batch (so π_old = the sampling policy and a
+fresh group's ratio is 1), a single process, greedy held-out evaluation paused out of the
+training clock. Degenerate groups (all rewards equal) have zero advantage; with β = 0
+they contribute nothing to the gradient, so the update skips their forward/backward and
+keeps the mean over *all* groups by scaling — the gradient is the same, the cost is not.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoints import load_checkpoint, save_checkpoint
+from .config import Config
+from .data import Question
+from .evaluation import encode_prompts, greedy_accuracy, score
+from .loss import collate, grpo_loss, token_logprobs
+from .models import load_policy
+from .predictor import DifficultyPredictor
+from .predictor_training import pearson
+from .replay import ReplayBuffer
+from .rollout import Group, make_engine
+from .selection import select_questions
+from .tracking import write_run_files
+
+
+@dataclass
+class RunResult:
+    method: str
+    records: list[dict]
+    evals: list[dict]
+    final_accuracy: float
+    target_accuracy: float | None = None
+    time_to_target_s: float | None = None
+    steps_to_target: int | None = None
+    summary: dict = field(default_factory=dict)
+
+
+def time_to_target(evals: list[dict], target: float | None) -> tuple[float | None, int | None]:
+    """Training seconds and steps at the first evaluation whose accuracy reaches `target`."""
+    if target is None:
+        return None, None
+    for e in evals:
+        if e["accuracy"] >= target - 1e-12:
+            return float(e["elapsed_s"]), int(e["step"])
+    return None, None
+
+
+class Trainer:
+    def __init__(self, cfg: Config, method: str, policy_dir: str | Path, pool: list[Question],
+                 eval_set: list[Question], run_dir: str | Path, predictor: DifficultyPredictor | None = None,
+                 embeddings: torch.Tensor | None = None, resume: bool = True,
+                 on_step: Callable[[dict], None] | None = None):
+        self.cfg, self.method, self.run_dir = cfg, method, Path(run_dir)
+        self.uses_dots = method in ("dots", "dots_rr")
+        self.uses_replay = method in ("rr", "dots_rr")
+        self.pool, self.eval_set, self.on_step = pool, eval_set, on_step
+        torch.set_num_threads(cfg.train.threads)
+        torch.manual_seed(cfg.train.seed)
+        self.model, self.tokenizer = load_policy(policy_dir)
+        self.model.train()
+        self.ref_model = None
+        if cfg.loss.beta > 0:
+            self.ref_model = load_policy(policy_dir)[0].eval().requires_grad_(False)
+        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg.rollout.batch_size)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, weight_decay=0.0)
+        self.np_rng = np.random.default_rng(cfg.train.seed)
+        self.gen = torch.Generator().manual_seed(cfg.train.seed)
+        self.prompts = encode_prompts(self.tokenizer, pool)
+        self.buffer = ReplayBuffer(cfg.replay.capacity)
+        self.predictor, self.projections = predictor, None
+        if self.uses_dots:
+            if predictor is None or embeddings is None:
+                raise ValueError(f"train.method={method} needs a fitted predictor and pool embeddings "
+                                 "(run `dots embed` and `dots fit-predictor`)")
+            if embeddings.shape[0] != len(pool):
+                raise ValueError(f"embeddings: {embeddings.shape[0]} rows for a pool of {len(pool)} questions")
+            self.projections = predictor.project_pool(embeddings)  # once: rounds reuse them
+        # DOTS round state
+        self.round_pred: np.ndarray | None = None
+        self.round_available: np.ndarray | None = None
+        self.ref_queue: list[Group] = []
+        # progress
+        self.step, self.elapsed = 0, 0.0
+        self.records: list[dict] = []
+        self.evals: list[dict] = []
+        if resume:
+            self._restore()
+
+    # ---- rollouts --------------------------------------------------------------------------
+    def _rollout(self, idx: np.ndarray) -> list[Group]:
+        """Generate and score G samples for each pool question in `idx` with the current policy."""
+        if len(idx) == 0:
+            return []
+        r = self.cfg.rollout
+        self.model.eval()
+        groups = self.engine.generate([self.prompts[i] for i in idx], r.group_size, temperature=r.temperature,
+                                      max_new_tokens=r.max_new_tokens, generator=self.gen)
+        self.model.train()
+        score(groups, [self.pool[i] for i in idx])
+        for g, i in zip(groups, idx):
+            g.question_id, g.version = int(i), self.step
+        return groups
+
+    def _new_round(self, rec: dict) -> None:
+        """Roll out K references, predict d̂ for the pool, open the round's candidate set."""
+        s = self.cfg.selection
+        refs = self.np_rng.choice(len(self.pool), size=s.ref_size, replace=False)
+        ref_groups = self._rollout(refs)
+        observed = np.array([1.0 - g.mean_reward for g in ref_groups])
+        self.round_pred = self.predictor.predict_projected(self.projections, refs, observed)
+        self.round_available = np.ones(len(self.pool), dtype=bool)
+        self.round_available[refs] = False
+        self.ref_queue = [g for g in ref_groups if g.informative]
+        rec["dots/ref_difficulty_mean"] = float(observed.mean())
+
+    def _fresh_groups(self, n: int, rec: dict, timers: dict) -> list[Group]:
+        if not self.uses_dots:
+            t = time.perf_counter()
+            groups = self._rollout(self.np_rng.choice(len(self.pool), size=n, replace=False))
+            timers["rollout"] += time.perf_counter() - t
+            return groups
+        t = time.perf_counter()
+        if self.step % self.cfg.selection.every == 0 or self.round_pred is None:
+            self._new_round(rec)
+        taken, self.ref_queue = self.ref_queue[:n], self.ref_queue[n:]
+        s = self.cfg.selection
+        idx = select_questions(self.round_pred, n - len(taken), s.alpha, s.tau, self.np_rng, self.round_available)
+        self.round_available[idx] = False
+        timers["select"] += time.perf_counter() - t
+        t = time.perf_counter()
+        groups = self._rollout(idx)
+        timers["rollout"] += time.perf_counter() - t
+        if len(groups) >= 2:  # out of sample: these questions' labels were not seen by the predictor
+            observed = np.array([1.0 - g.mean_reward for g in groups])
+            rec["dots/pearson"] = pearson(self.round_pred[idx], observed)
+            rec["dots/mae"] = float(np.abs(self.round_pred[idx] - observed).mean())
+        return taken + groups
+
+    # ---- update ----------------------------------------------------------------------------
+    def _update(self, groups: list[Group], replayed: list[Group]) -> tuple[float, dict]:
+        cfg = self.cfg
+        used = groups if cfg.loss.beta > 0 else [g for g in groups if g.informative]
+        if not used:
+            return 0.0, {}
+        batch = collate(used, self.tokenizer.pad_token_id, cfg.loss.scale_rewards)
+        logp = token_logprobs(self.model, batch, cfg.rollout.temperature)
+        ref_logp = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logp = token_logprobs(self.ref_model, batch, cfg.rollout.temperature)
+        loss, stats = grpo_loss(logp, batch, cfg.loss.clip_eps, cfg.loss.beta, ref_logp)
+        loss = loss * (len(used) / len(groups))  # mean over every group of the step
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.max_grad_norm)
+        self.opt.step()
+        if replayed:
+            ids = {id(g) for g in replayed}
+            rows = torch.cat([torch.full((g.size,), id(g) in ids) for g in used])
+            with torch.no_grad():
+                ratio = torch.exp(logp.detach() - batch.old_logprobs)[rows][batch.response_mask[rows]]
+            stats["replay_ratio_mean"], stats["replay_ratio_max"] = float(ratio.mean()), float(ratio.max())
+        return float(loss.detach()), stats
+
+    # ---- one step --------------------------------------------------------------------------
+    def train_step(self) -> dict:
+        cfg, b = self.cfg, self.cfg.train.batch_size
+        start = time.perf_counter()
+        timers = {"rollout": 0.0, "select": 0.0, "update": 0.0}
+        rec: dict = {"step": self.step + 1}
+        replayed: list[Group] = []
+        if self.uses_replay:
+            n_replay = b - max(1, int(round(cfg.replay.delta * b)))
+            replayed = self.buffer.sample(n_replay, self.np_rng)  # shortfall is generated fresh below
+        fresh = self._fresh_groups(b - len(replayed), rec, timers)
+        if self.uses_replay:
+            for g in fresh:
+                self.buffer.add(g)
+        groups = fresh + replayed
+        t = time.perf_counter()
+        loss, stats = self._update(groups, replayed)
+        timers["update"] = time.perf_counter() - t
+        self.step += 1
+        step_s = time.perf_counter() - start
+        self.elapsed += step_s
+        rec.update({
+            "train/reward_mean": float(np.mean([g.mean_reward for g in fresh])),
+            "train/loss": loss,
+            "train/effective_ratio": float(np.mean([g.informative for g in groups])),
+            "train/policy_version": self.step,
+            "time/step_s": step_s, "time/rollout_s": timers["rollout"], "time/update_s": timers["update"],
+            "time/select_s": timers["select"], "time/elapsed_s": self.elapsed,
+        })
+        if self.uses_replay:
+            stale = ReplayBuffer.staleness(replayed, self.step - 1) or [0]
+            rec.update({
+                "replay/size": len(self.buffer), "replay/fraction": len(replayed) / len(groups),
+                "replay/staleness_mean": float(np.mean(stale)), "replay/staleness_max": int(np.max(stale)),
+                "replay/ratio_mean": stats.get("replay_ratio_mean", 1.0),
+                "replay/ratio_max": stats.get("replay_ratio_max", 1.0),
+            })
+        self.records.append(rec)
+        return rec
+
+    def evaluate(self) -> dict:
+        """Greedy held-out accuracy; runs outside the training clock."""
+        self.model.eval()
+        acc = greedy_accuracy(self.engine, self.tokenizer, self.eval_set, self.cfg.rollout.max_new_tokens,
+                              self.cfg.eval.batch_size)
+        self.model.train()
+        e = {"step": self.step, "elapsed_s": self.elapsed, "accuracy": acc}
+        self.evals.append(e)
+        return e
+
+    def run(self, stop_after: int | None = None) -> RunResult:
+        """Train to `train.steps` (or stop early after `stop_after` steps, for tests of resume)."""
+        total = self.cfg.train.steps
+        if not self.evals:
+            self.evaluate()
+        while self.step < total:
+            rec = self.train_step()
+            if self.step % self.cfg.eval.every == 0 or self.step == total:
+                rec["eval/accuracy"] = self.evaluate()["accuracy"]
+            if self.on_step is not None:
+                self.on_step(rec)
+            if self.step % self.cfg.train.checkpoint_every == 0 or self.step == total:
+                self._checkpoint()
+            if stop_after is not None and self.step >= stop_after:
+                break
+        return self.result()
+
+    def result(self, target: float | None = None) -> RunResult:
+        target = self.cfg.train.target_accuracy if target is None else target
+        tts, sts = time_to_target(self.evals, target)
+        res = RunResult(self.method, self.records, self.evals, self.evals[-1]["accuracy"], target, tts, sts)
+        res.summary = write_run_files(self.run_dir, self.cfg, res)
+        return res
+
+    # ---- checkpoints -----------------------------------------------------------------------
+    def _checkpoint(self) -> None:
+        save_checkpoint(self.run_dir, {
+            "method": self.method, "step": self.step, "elapsed": self.elapsed,
+            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "np_rng": self.np_rng.bit_generator.state, "torch_gen": self.gen.get_state(),
+            "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(),
+            "buffer": self.buffer.state_dict(),
+            "round": {"pred": self.round_pred, "available": self.round_available,
+                      "ref_queue": [g.__dict__.copy() for g in self.ref_queue]},
+            "records": self.records, "evals": self.evals,
+        })
+
+    def _restore(self) -> None:
+        state = load_checkpoint(self.run_dir)
+        if state is None:
+            return
+        if state["method"] != self.method:
+            raise ValueError(f"{self.run_dir}: checkpoint is for method {state['method']!r}, not {self.method!r}")
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.np_rng.bit_generator.state = state["np_rng"]
+        self.gen.set_state(state["torch_gen"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["py_rng"])
+        self.buffer.load_state_dict(state["buffer"])
+        rnd = state["round"]
+        self.round_pred, self.round_available = rnd["pred"], rnd["available"]
+        self.ref_queue = [Group(**g) for g in rnd["ref_queue"]]
+        self.step, self.elapsed = state["step"], state["elapsed"]
+        self.records, self.evals = state["records"], state["evals"]
