@@ -43,8 +43,9 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int 
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    config.loss_type = "ForCausalLM"  # silences transformers' "loss_type=None" notice
-    return GPT2LMHeadModel(config)
+    model = GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"  # the warm-up's loss; silences transformers' "loss_type=None" notice
+    return model
 
 
 def save_policy(model, tokenizer, path: str | Path) -> None:
