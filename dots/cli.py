@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "all":
             for stage in (stages.prepare, stages.run_warmup, stages.embed, stages.label, stages.fit):
                 stage(cfg)
-            for method in cfg.train.methods:
-                stages.train(cfg, method)
+            for method in cfg.train.methods:  # a full run starts training over
+                stages.train(cfg, method, resume=False)
             stages.compare(cfg)
     except (FileNotFoundError, ValueError) as exc:
         print(f"dots {args.command}: {exc}", file=sys.stderr)

@@ -12,6 +12,7 @@ Each field carries a description (cleanrl-style) that says what it does and why.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -215,6 +216,11 @@ class Config(_Section):
     @property
     def root(self) -> Path:
         return Path(self.paths.root)
+
+    def fingerprint(self, exclude: tuple[str, ...] = ("paths",)) -> str:
+        """Hash of the config less the `exclude`d dotted keys or sections: what a result depends on."""
+        flat = {k: v for k, v in self.flat().items() if not any(k == e or k.startswith(e + ".") for e in exclude)}
+        return hashlib.sha256(yaml.safe_dump(flat, sort_keys=True).encode()).hexdigest()[:16]
 
     def flat(self) -> dict[str, Any]:
         """The whole config as dotted keys (what MLflow logs as params)."""

@@ -103,7 +103,8 @@ def grpo_loss(logprobs: torch.Tensor, batch: Batch, clip_eps: float = 0.2, beta:
     objective = ((per_token * mask).sum(-1) / lengths).mean()
     with torch.no_grad():
         masked_ratio = ratio[batch.response_mask]
-        clipped_frac = ((unclipped != clipped).float() * mask).sum() / mask.sum().clamp(min=1)
+        binds = ((adv > 0) & (ratio > 1 + clip_eps)) | ((adv < 0) & (ratio < 1 - clip_eps))
+        clipped_frac = (binds.float() * mask).sum() / mask.sum().clamp(min=1)
         stats = {
             "ratio_mean": float(masked_ratio.mean()) if masked_ratio.numel() else 1.0,
             "ratio_max": float(masked_ratio.max()) if masked_ratio.numel() else 1.0,

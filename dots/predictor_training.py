@@ -74,10 +74,16 @@ def evaluate_predictor(model: DifficultyPredictor, embeddings: torch.Tensor, lab
             pred = model.predict_projected(proj, refs, d[refs])[hold]
             pearsons.append(pearson(pred, d[hold]))
             maes.append(float(np.abs(pred - d[hold]).mean()))
-        out["per_policy"][name] = {"pearson": float(np.nanmean(pearsons)), "mae": float(np.mean(maes))}
-    out["pearson"] = float(np.nanmean([v["pearson"] for v in out["per_policy"].values()]))
+        out["per_policy"][name] = {"pearson": _mean_defined(pearsons), "mae": float(np.mean(maes))}
+    out["pearson"] = _mean_defined([v["pearson"] for v in out["per_policy"].values()])
     out["mae"] = float(np.mean([v["mae"] for v in out["per_policy"].values()]))
     return out
+
+
+def _mean_defined(values: list[float]) -> float:
+    """Mean of the defined values; NaN (no warning) when none is defined."""
+    vals = [v for v in values if np.isfinite(v)]
+    return float(np.mean(vals)) if vals else float("nan")
 
 
 def pearson(a: np.ndarray, b: np.ndarray) -> float:

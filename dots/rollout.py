@@ -130,13 +130,25 @@ class HFEngine:
         ids = torch.cat([_pad_to(c[0], width, self._pad) for c in chunks])
         mask = torch.cat([_pad_to(c[1], width, False) for c in chunks])
         lp = torch.cat([_pad_to(c[2], width, 0.0) for c in chunks])
-        texts = self.tokenizer.batch_decode(ids.masked_fill(~mask, self._pad).tolist(), skip_special_tokens=True)
+        texts = decode_responses(self.tokenizer, ids, mask, self._eos)
         groups = []
         for q, prompt in enumerate(prompts):
             sl = slice(q * n, (q + 1) * n)
             groups.append(Group(question_id=q, prompt_ids=torch.tensor(prompt, dtype=torch.long),
                                 response_ids=ids[sl], response_mask=mask[sl], logprobs=lp[sl], texts=texts[sl]))
         return groups
+
+
+def decode_responses(tokenizer, ids: torch.Tensor, mask: torch.Tensor, eos: int) -> list[str]:
+    """Text of each response up to (not including) its eos. Other special tokens stay in the
+    text, so a pad or bos sampled mid-answer cannot vanish and turn a wrong answer right."""
+    rows = []
+    for row, m in zip(ids.tolist(), mask.tolist()):
+        toks = [t for t, keep in zip(row, m) if keep]
+        if toks and toks[-1] == eos:
+            toks = toks[:-1]
+        rows.append(toks)
+    return tokenizer.batch_decode(rows, skip_special_tokens=False)
 
 
 def _pad_to(t: torch.Tensor, width: int, value) -> torch.Tensor:

@@ -31,7 +31,7 @@ from .predictor_training import fit_predictor
 from .progress import Progress, say
 from .rollout import HFEngine
 from .trainer import Trainer, time_to_target
-from .tracking import read_run
+from .tracking import json_safe, read_run
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def paths(cfg: Config) -> Paths:
 def _write_json(path: Path, obj) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.write_text(json.dumps(json_safe(obj), indent=1))
     tmp.replace(path)
 
 

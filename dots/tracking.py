@@ -31,6 +31,15 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def json_safe(obj: Any) -> Any:
+    """Replace NaN/inf (e.g. a Pearson of constant labels) by null, so the file is strict JSON."""
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return _clean(obj)
+
+
 def summarize(result: "RunResult") -> dict:
     out: dict[str, Any] = {
         "method": result.method, "steps": len(result.records), "final_accuracy": result.final_accuracy,

@@ -29,9 +29,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoints import load_checkpoint, save_checkpoint
+from .checkpoints import CHECKPOINT, load_checkpoint, save_checkpoint
 from .config import Config
 from .data import Question
+from .embeddings import backbone_identity
 from .evaluation import encode_prompts, greedy_accuracy, score
 from .loss import collate, grpo_loss, token_logprobs
 from .models import load_policy
@@ -77,6 +78,7 @@ class Trainer:
         torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.train.seed)
         self.model, self.tokenizer = load_policy(policy_dir)
+        self.policy_identity = backbone_identity(policy_dir)  # a re-run warm-up invalidates checkpoints
         self.model.train()
         self.ref_model = None
         if cfg.loss.beta > 0:
@@ -105,6 +107,8 @@ class Trainer:
         self.evals: list[dict] = []
         if resume:
             self._restore()
+        else:
+            (self.run_dir / CHECKPOINT).unlink(missing_ok=True)  # starting over: drop the old run's state
 
     # ---- rollouts --------------------------------------------------------------------------
     def _rollout(self, idx: np.ndarray) -> list[Group]:
@@ -257,9 +261,16 @@ class Trainer:
         return res
 
     # ---- checkpoints -----------------------------------------------------------------------
+    def _run_fingerprint(self) -> str:
+        """What a checkpoint is valid for: every param that changes the trajectory (a longer
+        `train.steps`, other threads or checkpoint spacing may resume)."""
+        return self.cfg.fingerprint(("paths", "train.method", "train.methods", "train.threads",
+                                     "train.checkpoint_every", "train.steps")) + ":" + self.policy_identity
+
     def _checkpoint(self) -> None:
         save_checkpoint(self.run_dir, {
-            "method": self.method, "step": self.step, "elapsed": self.elapsed,
+            "method": self.method, "fingerprint": self._run_fingerprint(),
+            "step": self.step, "elapsed": self.elapsed,
             "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
             "np_rng": self.np_rng.bit_generator.state, "torch_gen": self.gen.get_state(),
             "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(),
@@ -275,6 +286,9 @@ class Trainer:
             return
         if state["method"] != self.method:
             raise ValueError(f"{self.run_dir}: checkpoint is for method {state['method']!r}, not {self.method!r}")
+        if state.get("fingerprint") != self._run_fingerprint():
+            raise ValueError(f"{self.run_dir}: checkpoint was made with other params (step {state['step']}); "
+                             "resuming would mix two runs. Use `dots train --restart` or another paths.root")
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.np_rng.bit_generator.state = state["np_rng"]

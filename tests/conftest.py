@@ -1,0 +1,107 @@
+"""Shared fixtures: a tiny but real pipeline (prepare → warm-up → embed → label → fit) built once
+per session, small enough for two CPU cores.
+
+The configuration is sized so that the warm-up breaks out of its loss plateau (measured on
+two CPU cores: the 2-layer policy starts solving the 1-digit tier after ~450 steps and the
+2-digit tier after ~650, at lr 3e-3 and batch 128, ~25 ms a step), and the tiers then spread.
+Pass rates under G=8 on the labelled questions, step800 / final: 2-operand 1-digit 0.85 / 0.95,
+2-digit 0.64 / 0.80, 3-digit 0.00 / 0.00, 3-operand 2-digit 0.01 / 0.02. The labels therefore
+have spread and the predictor has something to learn (held-out Pearson 0.80). The whole
+fixture takes ~30 s on an idle machine (much longer when other jobs share the two cores).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before anything imports transformers
+
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(2)
+
+REPO = Path(__file__).resolve().parents[1]
+
+TIERS = ("[{operands: 2, digits: 1, weight: 4}, {operands: 2, digits: 2, weight: 2}, "
+         "{operands: 2, digits: 3}, {operands: 3, digits: 2}]")
+
+
+def tiny_overrides(root: str | Path) -> list[str]:
+    """`-S`-style overrides of a small but real configuration writing under `root`."""
+    return [
+        f"paths.root={root}",
+        "task.seed=0",
+        "task.pool_size=2048",
+        "task.eval_size=256",
+        f"task.tiers={TIERS}",
+        "model.n_layer=2",
+        "model.n_embd=64",
+        "model.n_head=4",
+        "warmup.steps=1000",
+        "warmup.lr=0.003",
+        "warmup.batch_size=128",
+        "warmup.checkpoints=[800]",
+        "warmup.spectrum_questions=256",
+        "embed.backbone=warmup",
+        "label.policies=[step800, final]",
+        "label.num_questions=768",
+        "predictor.steps=1000",
+        "predictor.batch_size=128",
+        "selection.ref_size=32",
+        "selection.every=2",
+        "selection.tau=0.1",
+        "replay.capacity=64",
+        "replay.delta=0.5",
+        "rollout.group_size=8",
+        "rollout.batch_size=512",
+        "rollout.max_new_tokens=10",
+        "train.batch_size=16",
+        "train.steps=3",
+        "train.checkpoint_every=3",
+        "train.seed=0",
+        "train.threads=2",
+        "eval.every=3",
+        "eval.batch_size=256",
+        "loss.beta=0.0",
+        "loss.scale_rewards=none",
+    ]
+
+
+def tiny_config(root: str | Path, *extra: str):
+    """The tiny configuration under `root`, with extra overrides applied last."""
+    from dots.config import load_config
+
+    return load_config(None, tiny_overrides(root) + list(extra))
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory):
+    """Run prepare, warm-up, embed, label and fit once; returns the Config (paths.root inside)."""
+    from dots import stages
+
+    root = tmp_path_factory.mktemp("tiny_pipeline") / "artifacts"
+    cfg = tiny_config(root)
+    start = time.perf_counter()
+    for stage in (stages.prepare, stages.run_warmup, stages.embed, stages.label, stages.fit):
+        stage(cfg)
+    print(f"\ntiny_pipeline built in {time.perf_counter() - start:.1f}s")
+    torch.set_num_threads(2)
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def pipeline_data(tiny_pipeline):
+    """(pool, eval set, embeddings, predictor) of the tiny pipeline."""
+    from dots import stages
+    from dots.embeddings import backbone_identity, load_embeddings
+    from dots.predictor import load_predictor
+
+    cfg = tiny_pipeline
+    p = stages.paths(cfg)
+    pool, held = stages.load_data(cfg)
+    emb = load_embeddings(p.embeddings, backbone_identity(p.policy), pool)
+    return pool, held, emb, load_predictor(p.predictor)

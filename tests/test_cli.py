@@ -1,0 +1,72 @@
+"""`dots all` end to end through the installed console script, on a very small config."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import REPO
+
+SMALL = [
+    "task.pool_size=512", "task.eval_size=64",
+    "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
+    "warmup.steps=40", "warmup.checkpoints=[20]", "warmup.batch_size=64", "warmup.spectrum_questions=64",
+    "label.policies=[step20, final]", "label.num_questions=128",
+    "predictor.steps=20", "predictor.batch_size=32", "predictor.hidden=16",
+    "selection.ref_size=16", "train.batch_size=8", "train.steps=4", "train.checkpoint_every=2",
+    "eval.every=2", "eval.batch_size=64", "rollout.batch_size=256", "rollout.group_size=4",
+    "train.methods=[grpo, dots_rr]",
+]
+
+
+def _command() -> list[str]:
+    script = Path(sys.executable).parent / "dots"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("dots")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "from dots.cli import main; raise SystemExit(main())"]
+
+
+def _run(args, cwd):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run(_command() + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_dots_all_end_to_end(tmp_path):
+    root = tmp_path / "artifacts"
+    args = ["all", "-p", str(REPO / "params.yaml")]
+    for o in SMALL + [f"paths.root={root}"]:
+        args += ["-S", o]
+    proc = _run(args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "time-to-target" in proc.stdout
+    assert "| grpo |" in proc.stdout and "| dots_rr |" in proc.stdout
+    comparison = json.loads((root / "compare" / "comparison.json").read_text())
+    assert [r["method"] for r in comparison["rows"]] == ["grpo", "dots_rr"]
+    assert "target_accuracy" in comparison
+    grpo = next(r for r in comparison["rows"] if r["method"] == "grpo")
+    assert comparison["target_accuracy"] == grpo["final_accuracy"]
+    for method in ("grpo", "dots_rr"):
+        run = root / "runs" / method
+        records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+        assert len(records) == 4
+        assert json.loads((run / "summary.json").read_text())["steps"] == 4
+    for path in ("data/pool.jsonl", "data/eval.jsonl", "models/warmup/final/config.json",
+                 "models/warmup/step20/config.json", "embeddings/pool.pt", "labels/labels.json",
+                 "predictor/predictor.pt", "predictor/metrics.json", "compare/table.md"):
+        assert (root / path).exists(), path
+
+
+def test_console_script_refuses_bad_value(tmp_path):
+    root = tmp_path / "artifacts"
+    proc = _run(["prepare", "-p", str(REPO / "params.yaml"), "-S", f"paths.root={root}",
+                 "-S", "rollout.group_size=1"], cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "rollout.group_size" in proc.stderr
+    assert not root.exists()

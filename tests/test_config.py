@@ -1,0 +1,148 @@
+"""The one validated config loader: bad values are refused early with the key named."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from dots.cli import main
+from dots.config import Config, ConfigError, Tier, flatten, load_config
+
+from .conftest import REPO
+
+
+def _refused(overrides, *needles):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    msg = str(info.value)
+    for needle in needles:
+        assert needle in msg, f"{needle!r} not in {msg!r}"
+    return msg
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.2"])
+def test_replay_delta_out_of_range(value):
+    _refused([f"replay.delta={value}"], "replay.delta", "(0, 1]")
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_selection_tau_must_be_positive(value):
+    _refused([f"selection.tau={value}"], "selection.tau", "(0, inf)")
+
+
+def test_group_size_of_one_refused():
+    _refused(["rollout.group_size=1"], "rollout.group_size", "[2, inf)")
+
+
+def test_ref_size_larger_than_pool_refused():
+    _refused(["task.pool_size=1024", "label.num_questions=128", "predictor.batch_size=64",
+              "train.batch_size=16", "selection.ref_size=2048"], "selection.ref_size", "task.pool_size")
+
+
+def test_ref_size_plus_round_must_fit_the_pool():
+    # each fits alone, but a round needs ref_size + every x batch_size distinct questions
+    _refused(["task.pool_size=1024", "label.num_questions=128", "predictor.batch_size=64",
+              "train.batch_size=400", "selection.every=2", "selection.ref_size=300"], "selection.ref_size")
+
+
+def test_unknown_method_refused():
+    _refused(["train.method=ppo"], "train.method", "ppo")
+
+
+def test_unknown_methods_entry_refused():
+    _refused(["train.methods=[grpo, ppo]"], "train.methods")
+
+
+@pytest.mark.parametrize("key", ["train.bogus", "bogus.key", "replay.deltaa"])
+def test_unknown_key_refused(key):
+    _refused([f"{key}=1"], key.split(".")[0] if key.startswith("bogus") else key, "unknown key")
+
+
+def test_n_head_must_divide_n_embd():
+    _refused(["model.n_head=3", "model.n_embd=64"], "model.n_head", "n_embd")
+
+
+def test_label_policy_must_name_a_checkpoint():
+    _refused(["warmup.checkpoints=[400]", "label.policies=[step400, step800]"], "label.policies", "step800")
+
+
+def test_checkpoint_beyond_warmup_refused():
+    _refused(["warmup.steps=100", "warmup.checkpoints=[200]", "label.policies=[final]"], "warmup.checkpoints")
+
+
+def test_override_without_equals_refused():
+    _refused(["train.steps"], "train.steps", "key=value")
+
+
+def test_override_into_a_value_refused():
+    with pytest.raises(ConfigError, match="train"):
+        load_config(None, {"train": 5, "train.steps": 3})
+
+
+def test_bad_type_names_key():
+    _refused(["train.steps=many"], "train.steps")
+
+
+def test_valid_overrides_parse_types():
+    cfg = load_config(None, ["train.target_accuracy=0.6", "train.steps=50", "train.method=grpo",
+                             "train.methods=[grpo, rr]", "task.tiers=[{operands: 2, digits: 1}]",
+                             "selection.tau=1e-3", "loss.scale_rewards=group"])
+    assert isinstance(cfg.train.target_accuracy, float) and cfg.train.target_accuracy == 0.6
+    assert isinstance(cfg.train.steps, int) and cfg.train.steps == 50
+    assert cfg.train.method == "grpo"
+    assert cfg.train.methods == ["grpo", "rr"]
+    assert cfg.task.tiers == [Tier(operands=2, digits=1)]
+    assert cfg.selection.tau == pytest.approx(1e-3)
+    assert cfg.loss.scale_rewards == "group"
+    assert load_config(None, ["train.target_accuracy=null"]).train.target_accuracy is None
+
+
+def test_dict_overrides_equal_string_overrides():
+    a = load_config(None, ["train.steps=7", "replay.delta=0.25"])
+    b = load_config(None, {"train.steps": 7, "replay.delta": 0.25})
+    assert a == b
+    assert a.flat()["replay.delta"] == 0.25
+
+
+def test_params_yaml_loads_and_every_key_is_honoured():
+    path = REPO / "params.yaml"
+    cfg = load_config(path)
+    assert isinstance(cfg, Config)
+    raw = flatten(yaml.safe_load(path.read_text()))
+    flat = cfg.flat()
+    for key, value in raw.items():
+        if key == "task.tiers":
+            assert [t.model_dump(exclude={"weight"}) for t in cfg.task.tiers] == value
+        else:
+            assert flat[key] == value, key
+
+
+def test_params_yaml_with_overrides(tmp_path):
+    cfg = load_config(REPO / "params.yaml", ["train.steps=12", f"paths.root={tmp_path}"])
+    assert cfg.train.steps == 12
+    assert cfg.root == tmp_path
+
+
+def test_invalid_yaml_file_refused(tmp_path):
+    bad = tmp_path / "params.yaml"
+    bad.write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match="params.yaml"):
+        load_config(bad)
+
+
+def test_cli_refuses_bad_value_before_any_work(tmp_path, capsys):
+    root = tmp_path / "artifacts"
+    code = main(["prepare", "-p", str(REPO / "params.yaml"), "-S", f"paths.root={root}", "-S", "replay.delta=1.5"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "replay.delta" in err and "(0, 1]" in err
+    assert not root.exists()
+
+
+def test_cli_refuses_unknown_key_for_train(tmp_path, capsys):
+    root = tmp_path / "artifacts"
+    code = main(["train", "--method", "grpo", "-p", str(REPO / "params.yaml"), "-S", f"paths.root={root}",
+                 "-S", "train.bogus=3"])
+    assert code == 2
+    assert "train.bogus" in capsys.readouterr().err
+    assert not root.exists()

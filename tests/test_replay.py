@@ -1,0 +1,156 @@
+"""Rollout replay: the FIFO buffer, and the trainer's fresh/replay split with its shortfall rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from dots import stages
+from dots.replay import ReplayBuffer
+from dots.rollout import Group
+from dots.trainer import Trainer
+
+from .conftest import tiny_config
+
+
+def make_group(rewards, qid=0, version=0, length=3) -> Group:
+    g = 4 if rewards is None else len(rewards)
+    gen = torch.Generator().manual_seed(qid)
+    return Group(question_id=qid, prompt_ids=torch.tensor([1, 4, 13, 5, 14]),
+                 response_ids=torch.randint(3, 15, (g, length), generator=gen),
+                 response_mask=torch.ones(g, length, dtype=torch.bool),
+                 logprobs=-torch.rand(g, length, generator=gen), texts=[""] * g,
+                 rewards=None if rewards is None else torch.tensor(rewards, dtype=torch.float32), version=version)
+
+
+INFORMATIVE = [1.0, 0.0, 0.0, 1.0]
+
+
+def _qids(groups):
+    return sorted(g.question_id for g in groups)
+
+
+def test_fifo_eviction_at_capacity():
+    buf = ReplayBuffer(3)
+    for q in range(5):
+        assert buf.add(make_group(INFORMATIVE, qid=q))
+        assert len(buf) == min(q + 1, 3)
+    assert _qids(buf.sample(10, np.random.default_rng(0))) == [2, 3, 4]
+    buf.add(make_group(INFORMATIVE, qid=5))
+    assert _qids(buf.sample(10, np.random.default_rng(0))) == [3, 4, 5]
+
+
+def test_degenerate_groups_refused_informative_accepted():
+    buf = ReplayBuffer(8)
+    assert buf.add(make_group([0.0, 0.0, 0.0, 0.0], qid=1)) is False
+    assert buf.add(make_group([1.0, 1.0, 1.0, 1.0], qid=2)) is False
+    assert len(buf) == 0
+    assert buf.add(make_group([0.0, 1.0, 0.0, 0.0], qid=3)) is True
+    assert buf.add(make_group([1.0, 1.0, 0.5, 1.0], qid=4)) is True  # partial credit is informative too
+    assert len(buf) == 2
+
+
+def test_unscored_group_raises():
+    with pytest.raises(ValueError, match="scored"):
+        ReplayBuffer(4).add(make_group(None))
+
+
+def test_capacity_must_be_positive():
+    with pytest.raises(ValueError, match="replay.capacity"):
+        ReplayBuffer(0)
+
+
+def test_staleness():
+    groups = [make_group(INFORMATIVE, qid=0, version=2), make_group(INFORMATIVE, qid=1, version=5)]
+    assert ReplayBuffer.staleness(groups, 7) == [5, 2]
+    assert ReplayBuffer.staleness([], 7) == []
+
+
+def test_sample_without_replacement():
+    buf = ReplayBuffer(16)
+    for q in range(10):
+        buf.add(make_group(INFORMATIVE, qid=q))
+    rng = np.random.default_rng(0)
+    for k in (1, 4, 10, 20):
+        out = buf.sample(k, rng)
+        assert len(out) == min(k, 10)
+        assert len({id(g) for g in out}) == len(out)
+    assert buf.sample(0, rng) == []
+    assert ReplayBuffer(4).sample(3, rng) == []
+    assert len(buf) == 10  # sampling does not remove
+
+
+def test_sample_is_uniform():
+    buf = ReplayBuffer(16)
+    for q in range(10):
+        buf.add(make_group(INFORMATIVE, qid=q))
+    rng = np.random.default_rng(1)
+    counts = np.zeros(10)
+    for _ in range(3000):
+        for g in buf.sample(3, rng):
+            counts[g.question_id] += 1
+    assert stats.chisquare(counts).pvalue > 1e-3
+
+
+def test_state_dict_round_trip(tmp_path):
+    buf = ReplayBuffer(3)
+    for q in range(4):
+        buf.add(make_group(INFORMATIVE, qid=q, version=q))
+    path = tmp_path / "buffer.pt"
+    torch.save(buf.state_dict(), path)
+    restored = ReplayBuffer(1)
+    restored.load_state_dict(torch.load(path, weights_only=False))
+    assert restored.capacity == 3 and len(restored) == 3
+    a = buf.sample(3, np.random.default_rng(7))
+    b = restored.sample(3, np.random.default_rng(7))
+    for x, y in zip(a, b):
+        assert x.question_id == y.question_id and x.version == y.version
+        for field in ("prompt_ids", "response_ids", "response_mask", "logprobs", "rewards"):
+            assert torch.equal(getattr(x, field), getattr(y, field)), field
+    restored.add(make_group(INFORMATIVE, qid=9))  # capacity survives the round trip
+    assert len(restored) == 3
+    assert _qids(restored.sample(3, np.random.default_rng(0))) == [2, 3, 9]
+
+
+# ---- the trainer's shortfall rule ---------------------------------------------------------------
+
+def test_trainer_generates_the_shortfall_fresh(tiny_pipeline, tmp_path):
+    cfg = tiny_config(tiny_pipeline.root, "train.steps=4", "train.checkpoint_every=4", "eval.every=4",
+                      "replay.delta=0.5")
+    p = stages.paths(cfg)
+    pool, held = stages.load_data(cfg)
+    b = cfg.train.batch_size
+    trainer = Trainer(cfg, "rr", p.policy, pool, held, tmp_path / "rr", resume=False)
+    seen = []
+    update = trainer._update
+
+    def spy(groups, replayed):
+        seen.append((len(groups), len(replayed), [g.version for g in replayed]))
+        return update(groups, replayed)
+
+    trainer._update = spy
+    records = []
+    for _ in range(4):
+        records.append(trainer.train_step())
+
+    # step 1: empty buffer, so all B groups are fresh
+    assert seen[0][:2] == (b, 0)
+    assert records[0]["replay/fraction"] == 0.0
+    assert records[0]["replay/staleness_max"] == 0
+    # every step trains on B groups, at most (1 − δ)·B of them replayed
+    n_replay = b - int(round(cfg.replay.delta * b))
+    for (n_groups, n_replayed, _), rec in zip(seen, records):
+        assert n_groups == b
+        assert n_replayed <= n_replay
+        assert rec["replay/fraction"] == pytest.approx(n_replayed / b)
+        assert rec["replay/size"] <= cfg.replay.capacity
+    # the buffer fills from informative fresh groups, then replay starts
+    assert records[0]["replay/size"] > 0
+    assert seen[1][1] == min(n_replay, records[0]["replay/size"]) > 0
+    assert records[1]["replay/fraction"] > 0
+    # replayed groups at step 2 come from step 1's policy (version 0): staleness 1
+    assert seen[1][2] and set(seen[1][2]) == {0}
+    assert records[1]["replay/staleness_max"] == 1
+    assert max(r["replay/staleness_max"] for r in records) <= 3

@@ -1,0 +1,210 @@
+"""The GRPO loop for the four methods, its DESIGN §4 records, and exact resume."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from dots import stages
+from dots.models import load_policy
+from dots.trainer import Trainer, time_to_target
+
+from .conftest import tiny_config
+
+BASE_NAMES = ("train/reward_mean", "train/loss", "train/effective_ratio", "train/policy_version", "time/step_s",
+              "time/rollout_s", "time/update_s", "time/select_s", "time/elapsed_s")
+REPLAY_NAMES = ("replay/size", "replay/fraction", "replay/staleness_mean", "replay/staleness_max",
+                "replay/ratio_mean", "replay/ratio_max")
+
+
+def _trainer(pipeline_cfg, pipeline_data, method, run_dir, *extra, resume=False):
+    cfg = tiny_config(pipeline_cfg.root, *extra)
+    pool, held, emb, predictor = pipeline_data
+    dots = method in ("dots", "dots_rr")
+    return cfg, Trainer(cfg, method, stages.paths(cfg).policy, pool, held, run_dir,
+                        predictor if dots else None, emb if dots else None, resume=resume)
+
+
+@pytest.mark.parametrize("method", ["grpo", "dots", "rr", "dots_rr"])
+def test_three_steps_change_the_policy_and_record_section4_names(tiny_pipeline, pipeline_data, tmp_path, method):
+    cfg, trainer = _trainer(tiny_pipeline, pipeline_data, method, tmp_path / method, "train.steps=3",
+                            "eval.every=3", "train.checkpoint_every=3")
+    before = {k: v.clone() for k, v in load_policy(stages.paths(cfg).policy)[0].state_dict().items()}
+    result = trainer.run()
+    after = trainer.model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before), "the policy did not move"
+
+    records = result.records
+    assert [r["step"] for r in records] == [1, 2, 3]
+    elapsed = [r["time/elapsed_s"] for r in records]
+    assert elapsed == sorted(elapsed) and elapsed[0] > 0
+    for rec in records:
+        for name in BASE_NAMES:
+            assert name in rec and rec[name] is not None, (method, rec["step"], name)
+            assert math.isfinite(rec[name]), (method, name)
+        assert rec["train/policy_version"] == rec["step"]
+        assert 0.0 <= rec["train/effective_ratio"] <= 1.0
+        assert 0.0 <= rec["train/reward_mean"] <= 1.0
+        assert rec["time/step_s"] >= rec["time/rollout_s"]
+        has_replay = any(k.startswith("replay/") for k in rec)
+        has_dots = any(k.startswith("dots/") for k in rec)
+        assert has_replay == (method in ("rr", "dots_rr"))
+        if method in ("rr", "dots_rr"):
+            for name in REPLAY_NAMES:
+                assert name in rec, (method, rec["step"], name)
+            assert 0.0 <= rec["replay/fraction"] < 1.0
+        if method not in ("dots", "dots_rr"):
+            assert not has_dots
+            assert rec["time/select_s"] == 0.0
+    if method in ("dots", "dots_rr"):
+        every = cfg.selection.every
+        for rec in records:
+            if (rec["step"] - 1) % every == 0:  # a selection round starts
+                assert "dots/ref_difficulty_mean" in rec
+                assert 0.0 <= rec["dots/ref_difficulty_mean"] <= 1.0
+            assert rec["time/select_s"] > 0
+        assert any("dots/pearson" in r and "dots/mae" in r for r in records)
+        assert all(0.0 <= r["dots/mae"] <= 1.0 for r in records if "dots/mae" in r)
+
+    # held-out evaluation: at the start and at the last step, outside the training clock
+    assert [e["step"] for e in result.evals] == [0, 3]
+    assert records[-1]["eval/accuracy"] == result.evals[-1]["accuracy"] == result.final_accuracy
+    assert (tmp_path / method / "records.jsonl").exists()
+    summary = json.loads((tmp_path / method / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["method"] == method
+
+
+def test_dots_needs_predictor_and_embeddings(tiny_pipeline, pipeline_data, tmp_path):
+    cfg = tiny_config(tiny_pipeline.root)
+    pool, held, emb, predictor = pipeline_data
+    with pytest.raises(ValueError, match="predictor"):
+        Trainer(cfg, "dots", stages.paths(cfg).policy, pool, held, tmp_path / "x", None, None, resume=False)
+    with pytest.raises(ValueError, match="embeddings"):
+        Trainer(cfg, "dots", stages.paths(cfg).policy, pool, held, tmp_path / "x", predictor, emb[:10],
+                resume=False)
+
+
+@pytest.mark.parametrize("method", ["dots_rr", "grpo"])
+def test_resume_is_exact(tiny_pipeline, pipeline_data, tmp_path, method):
+    extra = ("train.steps=6", "train.checkpoint_every=3", "eval.every=3")
+    _, whole = _trainer(tiny_pipeline, pipeline_data, method, tmp_path / "whole", *extra)
+    full = whole.run()
+
+    _, first = _trainer(tiny_pipeline, pipeline_data, method, tmp_path / "split", *extra)
+    first.run(stop_after=3)
+    assert first.step == 3 and (tmp_path / "split" / "checkpoint.pt").exists()
+    del first
+    _, second = _trainer(tiny_pipeline, pipeline_data, method, tmp_path / "split", *extra, resume=True)
+    assert second.step == 3
+    resumed = second.run()
+
+    assert len(full.records) == len(resumed.records) == 6
+    for a, b in zip(full.records, resumed.records):
+        assert a["step"] == b["step"]
+        assert a["train/reward_mean"] == b["train/reward_mean"], a["step"]
+        assert a["train/loss"] == b["train/loss"], a["step"]
+        assert a["train/effective_ratio"] == b["train/effective_ratio"], a["step"]
+        for key in ("replay/size", "replay/fraction", "replay/staleness_max", "dots/ref_difficulty_mean"):
+            assert a.get(key) == b.get(key), (a["step"], key)
+    assert [e["accuracy"] for e in full.evals] == [e["accuracy"] for e in resumed.evals]
+    sa, sb = whole.model.state_dict(), second.model.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+    # the run did learn something, so equality is not trivially of untouched weights
+    assert any(r["train/loss"] != 0.0 for r in full.records)
+
+
+def test_resume_refuses_another_method(tiny_pipeline, pipeline_data, tmp_path):
+    extra = ("train.steps=2", "train.checkpoint_every=1", "eval.every=2")
+    _, trainer = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", *extra)
+    trainer.run(stop_after=1)
+    with pytest.raises(ValueError, match="grpo"):
+        _trainer(tiny_pipeline, pipeline_data, "rr", tmp_path / "run", *extra, resume=True)
+
+
+EVALS = [
+    {"step": 0, "elapsed_s": 0.0, "accuracy": 0.10},
+    {"step": 10, "elapsed_s": 5.0, "accuracy": 0.30},
+    {"step": 20, "elapsed_s": 9.5, "accuracy": 0.50},
+    {"step": 30, "elapsed_s": 12.0, "accuracy": 0.45},
+    {"step": 40, "elapsed_s": 15.0, "accuracy": 0.55},
+]
+
+
+@pytest.mark.parametrize("target,expected", [
+    (0.05, (0.0, 0)),
+    (0.10, (0.0, 0)),
+    (0.2, (5.0, 10)),
+    (0.30, (5.0, 10)),
+    (0.45, (9.5, 20)),  # the first evaluation that reaches it, not a later one
+    (0.52, (15.0, 40)),
+    (0.6, (None, None)),
+    (None, (None, None)),
+])
+def test_time_to_target(target, expected):
+    assert time_to_target(EVALS, target) == expected
+
+
+def test_time_to_target_empty():
+    assert time_to_target([], 0.1) == (None, None)
+
+
+def test_dots_round_questions_are_distinct_and_exclude_references(tiny_pipeline, pipeline_data, tmp_path):
+    cfg, trainer = _trainer(tiny_pipeline, pipeline_data, "dots", tmp_path / "dots", "train.steps=4",
+                            "eval.every=4", "train.checkpoint_every=4", "selection.every=2")
+    rollouts = []
+    rollout = trainer._rollout
+
+    def spy(idx):
+        rollouts.append((trainer.step, [int(i) for i in idx]))
+        return rollout(idx)
+
+    trainer._rollout = spy
+    for _ in range(4):
+        trainer.train_step()
+    k, b = cfg.selection.ref_size, cfg.train.batch_size
+    # step 0: references then selected; step 1: selected; step 2: new round; step 3: selected
+    rounds = {0: [], 2: []}
+    refs = {}
+    for step, idx in rollouts:
+        start = step - step % cfg.selection.every
+        if step == start and start not in refs:
+            assert len(idx) == k
+            refs[start] = idx
+        else:
+            rounds[start].extend(idx)
+    for start, picked in rounds.items():
+        assert len(picked) == len(set(picked)), "a question drawn twice in one round"
+        assert not set(picked) & set(refs[start]), "a reference question drawn again"
+        assert 0 < len(picked) <= cfg.selection.every * b
+    assert len(set(refs[0])) == k
+
+
+def test_kl_and_group_scaling_variant_trains(tiny_pipeline, pipeline_data, tmp_path):
+    _, trainer = _trainer(tiny_pipeline, pipeline_data, "rr", tmp_path / "kl", "train.steps=2", "eval.every=2",
+                          "train.checkpoint_every=2", "loss.beta=0.05", "loss.scale_rewards=group")
+    assert trainer.ref_model is not None
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    result = trainer.run()
+    assert all(math.isfinite(r["train/loss"]) for r in result.records)
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    # the frozen reference does not move
+    ref = load_policy(stages.paths(tiny_pipeline).policy)[0].state_dict()
+    for k, v in trainer.ref_model.state_dict().items():
+        assert torch.equal(ref[k], v), k
+
+
+def test_resume_refuses_a_checkpoint_made_with_other_params(tiny_pipeline, pipeline_data, tmp_path):
+    extra = ("train.steps=2", "train.checkpoint_every=1", "eval.every=2")
+    _, trainer = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", *extra)
+    trainer.run(stop_after=1)
+    with pytest.raises(ValueError, match="params"):
+        _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", *extra, "train.lr=0.002", resume=True)
+    # a longer budget is the same run continued
+    _, longer = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", "train.steps=3",
+                         "train.checkpoint_every=1", "eval.every=2", resume=True)
+    assert longer.step == 1
