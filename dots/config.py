@@ -79,11 +79,11 @@ class ModelConfig(_Section):
 
 
 class WarmupConfig(_Section):
-    steps: int = _range(1, None, default=1200, desc="supervised steps; stopped early on purpose so the "
+    steps: int = _range(1, None, default=1000, desc="supervised steps; stopped early on purpose so the "
                                                     "pool keeps unsolved and half-solved questions")
     batch_size: int = _range(1, None, default=128, desc="sequences per supervised step")
     lr: float = _range(0, 1, lo_open=True, default=3e-3, desc="AdamW learning rate")
-    checkpoints: list[int] = Field(default_factory=lambda: [400, 800],
+    checkpoints: list[int] = Field(default_factory=lambda: [800, 900],
                                    description="intermediate steps saved as extra labelling policies")
     spectrum_questions: int = _range(8, None, default=1024, desc="pool questions rolled out (G each) to "
                                                                  "print the difficulty spectrum")
@@ -97,7 +97,7 @@ class EmbedConfig(_Section):
 
 class LabelConfig(_Section):
     num_questions: int = _range(8, None, default=2048, desc="pool questions labelled for the predictor")
-    policies: list[str] = Field(default_factory=lambda: ["step400", "step800", "final"],
+    policies: list[str] = Field(default_factory=lambda: ["step800", "step900", "final"],
                                 description="warm-up checkpoints whose pass rates label the predictor data")
 
 
@@ -153,12 +153,22 @@ class TrainConfig(_Section):
     seed: int = Field(0, description="seed of rollouts, selection and replay sampling")
     steps: int = _range(1, None, default=300, desc="step budget shared by every method")
     batch_size: int = _range(1, None, default=64, desc="B, question groups per step")
-    lr: float = _range(0, 1, lo_open=True, default=5e-4, desc="AdamW learning rate")
+    lr: float = _range(0, 1, lo_open=True, default=1e-3, desc="AdamW learning rate")
     max_grad_norm: float = _range(0, None, lo_open=True, default=1.0, desc="gradient clipping")
     checkpoint_every: int = _range(1, None, default=50, desc="steps between resumable checkpoints")
     target_accuracy: float | None = _range(0, 1, default=None,
                                            desc="accuracy for time-to-target; `compare` uses grpo's final")
     threads: int = _range(1, 256, default=2, desc="torch CPU threads")
+
+
+class TrackingConfig(_Section):
+    enabled: bool = Field(True, description="log runs to MLflow (parent per pipeline, child per method)")
+    uri: str | None = Field(None, description="tracking URI; null: $MLFLOW_TRACKING_URI, else "
+                                              "sqlite:///<paths.root>/mlflow.db")
+    experiment: str = Field("dots", description="MLflow experiment name")
+    artifact_location: str | None = Field(None, description="where a new experiment stores artifacts, "
+                                                            "e.g. s3://bucket/mlflow")
+    log_every: int = _range(1, None, default=10, desc="steps buffered between MLflow writes")
 
 
 class PathsConfig(_Section):
@@ -178,6 +188,7 @@ class Config(_Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     paths: PathsConfig = Field(default_factory=PathsConfig)
 
     @model_validator(mode="after")

@@ -6,8 +6,8 @@
     embed          embeddings/pool.pt
     label          labels/labels.json
     fit-predictor  predictor/predictor.pt, predictor/metrics.json
-    train          runs/<method>/{checkpoint.pt,records.jsonl,evals.json,summary.json}
-    compare        compare/comparison.json, compare/table.md
+    train          runs/<method>/{records.jsonl,evals.json,summary.json}, checkpoints/<method>/checkpoint.pt
+    compare        compare/{comparison.json,table.md,learning_curve.png}; MLflow parent run artifacts
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .predictor_training import fit_predictor
 from .progress import Progress, say
 from .rollout import HFEngine
 from .trainer import Trainer, time_to_target
-from .tracking import json_safe, read_run
+from .runfiles import json_safe, read_run
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,10 @@ class Paths:
 
     def run(self, method: str) -> Path:
         return self.root / "runs" / method
+
+    def checkpoints(self, method: str) -> Path:
+        """Kept apart from the run's outputs, so a retried or re-run stage can resume from them."""
+        return self.root / "checkpoints" / method
 
 
 def paths(cfg: Config) -> Paths:
@@ -192,14 +196,27 @@ def train(cfg: Config, method: str | None = None, resume: bool = True) -> dict:
     if method in ("dots", "dots_rr"):
         emb = load_embeddings(p.embeddings, _backbone(cfg), pool)
         predictor = load_predictor(p.predictor)
+    logger = None
+    if cfg.tracking.enabled:
+        from .tracking import LiveLogger, Tracker  # noqa: PLC0415
+
+        logger = LiveLogger(Tracker(cfg), method, cfg.tracking.log_every)
     with Progress(f"train {method}", cfg.train.steps) as bar:
         def on_step(rec: dict) -> None:
             bar.update(rec["step"], reward=rec["train/reward_mean"], acc=rec.get("eval/accuracy"))
+            if logger is not None:
+                logger(rec)
         trainer = Trainer(cfg, method, p.policy, pool, held, p.run(method), predictor, emb, resume=resume,
-                          on_step=on_step)
+                          on_step=on_step, checkpoint_dir=p.checkpoints(method))
         bar.update(trainer.step)
+        if logger is not None:
+            logger.catch_up(trainer.records)
         result = trainer.run()
     s = result.summary
+    if logger is not None:
+        logger.finish(s, result.evals)
+        s["tracking_s"] = logger.seconds
+        _write_json(p.run(method) / "summary.json", s)
     say(f"train {method}: final accuracy {s['final_accuracy']:.3f} (from {s['initial_accuracy']:.3f}) after "
         f"{s['steps']} steps, {s['elapsed_s']:.0f}s training clock")
     return s
@@ -229,6 +246,14 @@ def compare(cfg: Config, methods: list[str] | None = None) -> dict:
     _write_json(p.compare / "comparison.json", out)
     table = render_table(out)
     (p.compare / "table.md").write_text(table + "\n")
+    from .plots import learning_curve  # noqa: PLC0415
+
+    learning_curve({m: [evals] for m, (_, evals) in runs.items()}, target, p.compare / "learning_curve.png")
+    if cfg.tracking.enabled:
+        from .tracking import log_comparison  # noqa: PLC0415
+
+        log_comparison(cfg, out, [p.compare / "table.md", p.compare / "comparison.json",
+                                  p.compare / "learning_curve.png", p.predictor_metrics])
     say(table)
     return out
 

@@ -1,74 +1,221 @@
-"""Run outputs on disk, named as DESIGN §4.
+"""MLflow tracking: one parent run per pipeline run, one child run per training method.
 
-Every training run writes, in its run folder: `records.jsonl` (one line of §4 figures per
-step), `evals.json` (held-out accuracy against training seconds) and `summary.json`
-(time_to_target_s, steps_to_target, final_accuracy and the medians of the step figures).
-These files are what `dots compare` reads and what the pipeline's MLflow logging replays.
+Names are DESIGN §4's. The parent holds the flattened config as params and the pipeline's
+artifacts (config, predictor evaluation, learning-curve PNG, comparison table); each child
+holds its method's per-step metrics, the per-run `time_to_target_s`, `steps_to_target`,
+`final_accuracy`, and the tags `method`, `git_commit`, `data_version`.
+
+Stages run as separate processes (DVC stages, Prefect tasks), so they meet through tags:
+the parent is found by `dots.pipeline` (the env var DOTS_PIPELINE_ID when a Prefect flow
+sets it, else a hash of the config and git commit), a child by that plus `method`.
+Training logs live, in batches (`tracking.log_every` steps); a resumed run continues its
+child run after the last step it had logged (`dots.logged_step`), so a retry neither
+duplicates nor drops points.
+
+The store is a local SQLite file by default; `tracking.uri` or MLFLOW_TRACKING_URI points
+elsewhere, and `tracking.artifact_location` (e.g. s3://bucket/mlflow, with
+MLFLOW_S3_ENDPOINT_URL for a non-AWS endpoint) puts artifacts on S3.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
+from .config import Config
 
-if TYPE_CHECKING:
-    from .config import Config
-    from .trainer import RunResult
-
-STEP_FIGURES = ("time/step_s", "time/rollout_s", "time/update_s", "time/select_s", "train/effective_ratio",
-                "train/reward_mean", "replay/staleness_mean", "dots/pearson", "dots/mae")
+PIPELINE_TAG, LOGGED_TAG = "dots.pipeline", "dots.logged_step"
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (np.floating, np.integer)):
-        return _clean(value.item())
-    return value
+def tracking_uri(cfg: Config) -> str:
+    if cfg.tracking.uri:
+        return cfg.tracking.uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{(cfg.root / 'mlflow.db').resolve()}"
 
 
-def json_safe(obj: Any) -> Any:
-    """Replace NaN/inf (e.g. a Pearson of constant labels) by null, so the file is strict JSON."""
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return _clean(obj)
+def git_commit(cwd: str | Path = ".") -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
-def summarize(result: "RunResult") -> dict:
-    out: dict[str, Any] = {
-        "method": result.method, "steps": len(result.records), "final_accuracy": result.final_accuracy,
-        "target_accuracy": result.target_accuracy, "time_to_target_s": result.time_to_target_s,
-        "steps_to_target": result.steps_to_target,
-        "elapsed_s": result.records[-1]["time/elapsed_s"] if result.records else 0.0,
-        "initial_accuracy": result.evals[0]["accuracy"] if result.evals else None,
-    }
-    for key in STEP_FIGURES:
-        vals = [r[key] for r in result.records if key in r and r[key] is not None and math.isfinite(r[key])]
-        out[f"mean:{key}"] = float(np.mean(vals)) if vals else None
-    return {k: _clean(v) for k, v in out.items()}
+def data_version(cfg: Config) -> str:
+    """The DVC hash of the prepared data when dvc.lock has it, else the pool's content hash."""
+    from .versioning import StageError, data_version as dvc_version  # noqa: PLC0415
+
+    try:
+        return f"dvc:{dvc_version('.')}"
+    except StageError:
+        from .data import load_questions, pool_hash  # noqa: PLC0415
+
+        pool = cfg.root / "data" / "pool.jsonl"
+        return f"pool:{pool_hash(load_questions(pool))}" if pool.exists() else "unknown"
 
 
-def write_run_files(run_dir: str | Path, cfg: "Config", result: "RunResult") -> dict:
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with (run_dir / "records.jsonl").open("w") as f:
-        for rec in result.records:
-            f.write(json.dumps({k: _clean(v) for k, v in rec.items()}) + "\n")
-    (run_dir / "evals.json").write_text(json.dumps(result.evals, indent=1))
-    summary = summarize(result)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    return summary
+def pipeline_id(cfg: Config) -> str:
+    return os.environ.get("DOTS_PIPELINE_ID") or (
+        cfg.fingerprint(("paths", "train.method", "train.threads", "tracking")) + "-" + git_commit()[:12])
 
 
-def read_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
-    """(summary, evals) of a finished run folder."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "summary.json").exists():
-        raise FileNotFoundError(f"{run_dir}: no finished run; run `dots train` first")
-    return json.loads((run_dir / "summary.json").read_text()), json.loads((run_dir / "evals.json").read_text())
+class Tracker:
+    """A thin layer over MlflowClient that knows our parent/child layout."""
+
+    def __init__(self, cfg: Config):
+        from mlflow.tracking import MlflowClient  # noqa: PLC0415  (heavy import, only when tracking)
+
+        self.cfg = cfg
+        self.uri = tracking_uri(cfg)
+        if self.uri.startswith("sqlite:///"):
+            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        self.client = MlflowClient(self.uri)
+        self.pipeline = pipeline_id(cfg)
+        self.experiment_id = self._experiment()
+        self.commit, self.data_version = git_commit(), data_version(cfg)
+
+    def _experiment(self) -> str:
+        exp = self.client.get_experiment_by_name(self.cfg.tracking.experiment)
+        if exp is not None:
+            return exp.experiment_id
+        return self.client.create_experiment(self.cfg.tracking.experiment,
+                                             artifact_location=self.cfg.tracking.artifact_location)
+
+    def _find(self, extra: str) -> Any | None:
+        runs = self.client.search_runs([self.experiment_id], f"tags.`{PIPELINE_TAG}` = '{self.pipeline}' {extra}",
+                                       max_results=1, order_by=["attributes.start_time DESC"])
+        return runs[0] if runs else None
+
+    def _tags(self, **extra: str) -> dict[str, str]:
+        return {PIPELINE_TAG: self.pipeline, "git_commit": self.commit, "data_version": self.data_version, **extra}
+
+    def parent(self) -> str:
+        """The pipeline's parent run id (created with the flattened config on first use)."""
+        run = self._find("and tags.`dots.role` = 'pipeline'")
+        if run is not None:
+            return run.info.run_id
+        run = self.client.create_run(self.experiment_id, run_name=f"pipeline-{self.pipeline[:8]}",
+                                     tags=self._tags(**{"dots.role": "pipeline", "method": "pipeline"}))
+        self._log_params(run.info.run_id)
+        return run.info.run_id
+
+    def child(self, method: str) -> tuple[str, int]:
+        """(run id, last logged step) of the method's child run, created when missing."""
+        parent = self.parent()
+        run = self._find(f"and tags.method = '{method}' and tags.`dots.role` = 'train'")
+        if run is not None:
+            self.client.update_run(run.info.run_id, status="RUNNING")
+            return run.info.run_id, int(run.data.tags.get(LOGGED_TAG, 0))
+        run = self.client.create_run(self.experiment_id, run_name=method, tags=self._tags(
+            method=method, **{"mlflow.parentRunId": parent, "dots.role": "train", LOGGED_TAG: "0"}))
+        self._log_params(run.info.run_id)
+        return run.info.run_id, 0
+
+    def _log_params(self, run_id: str) -> None:
+        from mlflow.entities import Param  # noqa: PLC0415
+
+        params = [Param(k, str(v)[:6000]) for k, v in self.cfg.flat().items()]
+        for i in range(0, len(params), 100):
+            self.client.log_batch(run_id, params=params[i:i + 100])
+
+    def log_metrics(self, run_id: str, records: list[dict], start_ms: int) -> None:
+        """Per-step records as metrics at their step; timestamps = start + training clock,
+        so the UI's relative-time axis is training seconds."""
+        from mlflow.entities import Metric, RunTag  # noqa: PLC0415
+
+        if not records:
+            return
+        metrics = []
+        for rec in records:
+            ts = start_ms + int(1000 * rec.get("time/elapsed_s", 0.0))
+            for key, value in rec.items():
+                if key == "step" or value is None or isinstance(value, bool):
+                    continue
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    metrics.append(Metric(key, float(value), ts, int(rec["step"])))
+        for i in range(0, len(metrics), 1000):
+            self.client.log_batch(run_id, metrics=metrics[i:i + 1000])
+        self.client.log_batch(run_id, tags=[RunTag(LOGGED_TAG, str(records[-1]["step"]))])
+
+    def finish_child(self, run_id: str, summary: dict, evals: list[dict], start_ms: int) -> None:
+        from mlflow.entities import Metric  # noqa: PLC0415
+
+        now = int(time.time() * 1000)
+        per_run = [Metric(k, float(summary[k]), now, 0) for k in ("time_to_target_s", "steps_to_target",
+                                                                   "final_accuracy") if summary.get(k) is not None]
+        # the step-0 evaluation precedes every training record; log it too
+        if evals and evals[0]["step"] == 0:
+            per_run.append(Metric("eval/accuracy", float(evals[0]["accuracy"]), start_ms, 0))
+        if per_run:
+            self.client.log_batch(run_id, metrics=per_run)
+        self.client.set_terminated(run_id, "FINISHED")
+
+    def log_artifacts(self, run_id: str, paths: list[Path], artifact_path: str | None = None) -> None:
+        for p in paths:
+            if Path(p).exists():
+                self.client.log_artifact(run_id, str(p), artifact_path)
+
+
+class LiveLogger:
+    """Trainer callback: buffers step records and logs them every `every` steps."""
+
+    def __init__(self, tracker: Tracker, method: str, every: int):
+        self.tracker, self.every = tracker, every
+        self.run_id, self.logged = tracker.child(method)
+        self.start_ms = int(time.time() * 1000)
+        self.buffer: list[dict] = []
+        self.seconds = 0.0  # wall-clock spent in MLflow calls (reported as tracking overhead)
+
+    def catch_up(self, records: list[dict]) -> None:
+        """After a resume: log the restored records the previous attempt had not logged yet."""
+        self.buffer.extend(r for r in records if r["step"] > self.logged)
+        self.flush()
+
+    def __call__(self, rec: dict) -> None:
+        if rec["step"] <= self.logged:
+            return
+        self.buffer.append(rec)
+        if len(self.buffer) >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buffer:
+            return
+        t = time.perf_counter()
+        self.tracker.log_metrics(self.run_id, self.buffer, self.start_ms)
+        self.logged = self.buffer[-1]["step"]
+        self.buffer = []
+        self.seconds += time.perf_counter() - t
+
+    def finish(self, summary: dict, evals: list[dict]) -> None:
+        self.flush()
+        t = time.perf_counter()
+        self.tracker.finish_child(self.run_id, summary, evals, self.start_ms)
+        self.seconds += time.perf_counter() - t
+
+
+def log_comparison(cfg: Config, comparison: dict, artifacts: list[Path]) -> str:
+    """Attach the comparison (metrics per method, table, plot, predictor eval, config) to the parent run."""
+    from mlflow.entities import Metric  # noqa: PLC0415
+
+    tracker = Tracker(cfg)
+    parent = tracker.parent()
+    now = int(time.time() * 1000)
+    metrics = [Metric("target_accuracy", float(comparison["target_accuracy"]), now, 0)]
+    for row in comparison["rows"]:
+        for key in ("time_to_target_s", "steps_to_target", "final_accuracy", "time_to_target_ratio"):
+            if row.get(key) is not None:
+                metrics.append(Metric(f"{key}/{row['method']}", float(row[key]), now, 0))
+    tracker.client.log_batch(parent, metrics=metrics)
+    config_file = cfg.root / "compare" / "config.json"
+    config_file.write_text(json.dumps(cfg.model_dump(), indent=1))
+    tracker.log_artifacts(parent, [config_file, *artifacts])
+    tracker.client.set_terminated(parent, "FINISHED")
+    return parent

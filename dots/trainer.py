@@ -38,10 +38,11 @@ from .loss import collate, grpo_loss, token_logprobs
 from .models import load_policy
 from .predictor import DifficultyPredictor
 from .predictor_training import pearson
+from .progress import say
 from .replay import ReplayBuffer
 from .rollout import Group, make_engine
 from .selection import select_questions
-from .tracking import write_run_files
+from .runfiles import write_run_files
 
 
 @dataclass
@@ -70,8 +71,10 @@ class Trainer:
     def __init__(self, cfg: Config, method: str, policy_dir: str | Path, pool: list[Question],
                  eval_set: list[Question], run_dir: str | Path, predictor: DifficultyPredictor | None = None,
                  embeddings: torch.Tensor | None = None, resume: bool = True,
-                 on_step: Callable[[dict], None] | None = None):
+                 on_step: Callable[[dict], None] | None = None, checkpoint_dir: str | Path | None = None):
         self.cfg, self.method, self.run_dir = cfg, method, Path(run_dir)
+        # Checkpoints may live outside the run's outputs (DVC deletes a stage's outputs before it runs).
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else self.run_dir
         self.uses_dots = method in ("dots", "dots_rr")
         self.uses_replay = method in ("rr", "dots_rr")
         self.pool, self.eval_set, self.on_step = pool, eval_set, on_step
@@ -108,7 +111,7 @@ class Trainer:
         if resume:
             self._restore()
         else:
-            (self.run_dir / CHECKPOINT).unlink(missing_ok=True)  # starting over: drop the old run's state
+            (self.checkpoint_dir / CHECKPOINT).unlink(missing_ok=True)  # starting over: drop the old run's state
 
     # ---- rollouts --------------------------------------------------------------------------
     def _rollout(self, idx: np.ndarray) -> list[Group]:
@@ -268,7 +271,7 @@ class Trainer:
                                      "train.checkpoint_every", "train.steps")) + ":" + self.policy_identity
 
     def _checkpoint(self) -> None:
-        save_checkpoint(self.run_dir, {
+        save_checkpoint(self.checkpoint_dir, {
             "method": self.method, "fingerprint": self._run_fingerprint(),
             "step": self.step, "elapsed": self.elapsed,
             "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
@@ -281,14 +284,18 @@ class Trainer:
         })
 
     def _restore(self) -> None:
-        state = load_checkpoint(self.run_dir)
+        state = load_checkpoint(self.checkpoint_dir)
         if state is None:
             return
         if state["method"] != self.method:
             raise ValueError(f"{self.run_dir}: checkpoint is for method {state['method']!r}, not {self.method!r}")
         if state.get("fingerprint") != self._run_fingerprint():
-            raise ValueError(f"{self.run_dir}: checkpoint was made with other params (step {state['step']}); "
-                             "resuming would mix two runs. Use `dots train --restart` or another paths.root")
+            # Resuming would mix two runs: start over, but keep the old state aside rather than lose it.
+            kept = self.checkpoint_dir / f"checkpoint.stale-{state.get('fingerprint', 'unknown').replace(':', '-')}.pt"
+            (self.checkpoint_dir / CHECKPOINT).replace(kept)
+            say(f"{self.checkpoint_dir}: checkpoint (step {state['step']}) was made with other params or another "
+                f"warm-up policy; starting over, old state kept as {kept.name}")
+            return
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.np_rng.bit_generator.state = state["np_rng"]

@@ -198,13 +198,17 @@ def test_kl_and_group_scaling_variant_trains(tiny_pipeline, pipeline_data, tmp_p
         assert torch.equal(ref[k], v), k
 
 
-def test_resume_refuses_a_checkpoint_made_with_other_params(tiny_pipeline, pipeline_data, tmp_path):
+def test_a_checkpoint_made_with_other_params_is_not_resumed_but_kept(tiny_pipeline, pipeline_data, tmp_path):
     extra = ("train.steps=2", "train.checkpoint_every=1", "eval.every=2")
     _, trainer = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", *extra)
     trainer.run(stop_after=1)
-    with pytest.raises(ValueError, match="params"):
-        _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", *extra, "train.lr=0.002", resume=True)
+    _, other = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", *extra, "train.lr=0.002",
+                        resume=True)
+    assert other.step == 0 and other.records == []  # started over: two runs are never mixed
+    kept = list((tmp_path / "run").glob("checkpoint.stale-*.pt"))
+    assert len(kept) == 1 and torch.load(kept[0], weights_only=False)["step"] == 1  # nothing lost
+    other.run(stop_after=1)  # its own checkpoint replaces the moved one
     # a longer budget is the same run continued
     _, longer = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", "train.steps=3",
-                         "train.checkpoint_every=1", "eval.every=2", resume=True)
+                         "train.checkpoint_every=1", "eval.every=2", "train.lr=0.002", resume=True)
     assert longer.step == 1

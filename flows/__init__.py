@@ -1,0 +1,1 @@
+"""Prefect flows: the whole pipeline, one training run, a comparison of methods, data versioning."""

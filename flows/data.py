@@ -1,0 +1,25 @@
+"""Data versioning as its own flow: prepare the dataset, push it to the DVC remote, and emit
+a `dots.data.versioned` event that the triggered deployment listens for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+from prefect.events import emit_event
+
+from flows.pipeline import run_env
+from tasks import stages
+
+
+@flow(name="dots-version-data", log_prints=True)
+def version_data(repo: str = ".", remote: str | None = None) -> str:
+    repo = str(Path(repo).resolve())
+    version = stages.version_data(repo, remote, run_env())
+    emit_event(event="dots.data.versioned", resource={"prefect.resource.id": f"dots.dataset.{version}"},
+               payload={"data_version": version, "repo": repo})
+    return version
+
+
+if __name__ == "__main__":
+    version_data()

@@ -1,0 +1,33 @@
+"""One training run as a Prefect flow: bring the upstream stages up to date (DVC skips what
+has not changed), then train one method. A retried train task resumes from its checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+
+from dots import versioning
+from dots.config import load_config
+from flows.pipeline import prepare_models, run_env
+from tasks import stages
+
+
+@flow(name="dots-train", log_prints=True)
+def train_run(method: str = "dots_rr", repo: str = ".", overrides: list[str] | None = None) -> dict:
+    repo = str(Path(repo).resolve())
+    versioning.set_params(overrides, repo)
+    cfg = load_config(Path(repo) / "params.yaml")
+    if method not in cfg.train.methods:
+        raise ValueError(f"method {method!r}: the DVC train stages run train.methods={cfg.train.methods}; "
+                         f"add it there (overrides=['train.methods=[...,{method}]'])")
+    env = run_env()
+    prepare_models(repo, env)
+    stages.train(repo, method, env)
+    import json  # noqa: PLC0415
+
+    return json.loads((Path(repo) / cfg.paths.root / "runs" / method / "summary.json").read_text())
+
+
+if __name__ == "__main__":
+    train_run()

@@ -1,0 +1,1 @@
+"""Thin Prefect tasks: a decorator (retries, caching, timeouts) around one call into dots."""
