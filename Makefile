@@ -1,13 +1,19 @@
 # One command to set up and run the embedded default, one to set up and test.
-#   make run    venv + install + prepare → warm-up → embed → label → fit predictor → train grpo, dots_rr → compare
+#   make run    venv + install + the Prefect pipeline flow over the DVC stages:
+#               prepare → warm-up → embed → label → fit predictor → train grpo, dots_rr → compare
 #   make test   venv + install + pytest
+#   make serve  serve the Prefect deployments locally (cron + event-triggered)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+# Prefect's ephemeral server can take over 20 s to start the first time on two cores.
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export DO_NOT_TRACK := 1
 
-.PHONY: install run test clean
+.PHONY: install run test serve ui clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,7 +25,13 @@ $(BIN)/.installed: pyproject.toml
 install: $(BIN)/.installed
 
 run: install
-	$(BIN)/dots all
+	$(BIN)/python -m flows.pipeline
+
+serve: install
+	$(BIN)/python -m flows.serve
+
+ui: install
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///artifacts/mlflow.db --host 127.0.0.1 --port 5000
 
 test: install
 	$(BIN)/python -m pytest -q tests

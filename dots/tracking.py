@@ -85,8 +85,10 @@ class Tracker:
         exp = self.client.get_experiment_by_name(self.cfg.tracking.experiment)
         if exp is not None:
             return exp.experiment_id
-        return self.client.create_experiment(self.cfg.tracking.experiment,
-                                             artifact_location=self.cfg.tracking.artifact_location)
+        location = self.cfg.tracking.artifact_location
+        if location is None and self.uri.startswith("sqlite:"):  # keep artifacts beside the store, not in ./mlruns
+            location = (self.cfg.root / "mlartifacts").resolve().as_uri()
+        return self.client.create_experiment(self.cfg.tracking.experiment, artifact_location=location)
 
     def _find(self, extra: str) -> Any | None:
         runs = self.client.search_runs([self.experiment_id], f"tags.`{PIPELINE_TAG}` = '{self.pipeline}' {extra}",
@@ -101,7 +103,7 @@ class Tracker:
         run = self._find("and tags.`dots.role` = 'pipeline'")
         if run is not None:
             return run.info.run_id
-        run = self.client.create_run(self.experiment_id, run_name=f"pipeline-{self.pipeline[:8]}",
+        run = self.client.create_run(self.experiment_id, run_name=f"pipeline-{self.pipeline[-8:]}",
                                      tags=self._tags(**{"dots.role": "pipeline", "method": "pipeline"}))
         self._log_params(run.info.run_id)
         return run.info.run_id
