@@ -108,8 +108,9 @@ def push(repo: str | Path = ".", targets: list[str] | None = None, remote: str |
 
 def stage_inputs_key(stage: str, repo: str | Path = ".") -> str:
     """A hash of what `stage` reads: its params' current values, the recorded hashes of
-    upstream outputs it depends on, and the content of its code dependencies. Equal keys
-    mean the stage's result can be reused (Prefect's cache key for embed and predictor)."""
+    upstream outputs it depends on, the content of its code dependencies, and the state of
+    its own outputs in this workspace. Equal keys mean the stage's result is there and
+    current (Prefect's cache key for embed and predictor)."""
     repo = Path(repo)
     spec = (yaml.safe_load((repo / "dvc.yaml").read_text()) or {})["stages"][stage]
     params = yaml.safe_load((repo / "params.yaml").read_text()) or {}
@@ -127,4 +128,9 @@ def stage_inputs_key(stage: str, repo: str | Path = ".") -> str:
             h.update(f"{dep}:".encode() + (repo / dep).read_bytes())
         else:
             h.update(f"{dep}:missing".encode())
+    # This workspace's own outputs: a fresh clone or deleted outputs never hit another run's cache.
+    h.update(str(repo.resolve()).encode())
+    for out in spec.get("outs", []):
+        path = out if isinstance(out, str) else next(iter(out))
+        h.update(f"{path}:{(repo / path).exists()}:{upstream.get(path)}".encode())
     return h.hexdigest()[:24]

@@ -1,0 +1,279 @@
+"""The pipeline: the Prefect flow over DVC stages, one lineage with `dvc repro`, MLflow runs as
+the UI sees them (through a real `mlflow server`), retries, and S3 through a real
+S3-compatible server (moto) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dots import versioning
+from dots.config import load_config
+
+from .conftest import REPO
+from .test_cli import SMALL
+
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+SECTION4 = {"train/reward_mean", "train/loss", "train/effective_ratio", "train/policy_version", "time/step_s",
+            "time/rollout_s", "time/update_s", "time/select_s", "time/elapsed_s", "eval/accuracy",
+            "final_accuracy"}
+DOTS_RR_EXTRA = {"dots/ref_difficulty_mean", "replay/size", "replay/fraction", "replay/staleness_mean",
+                 "replay/staleness_max", "replay/ratio_mean", "replay/ratio_max"}
+
+
+def _git(args, cwd):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                   env=dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+                            GIT_COMMITTER_EMAIL="t@t"))
+
+
+def make_repo(path: Path, overrides: list[str], remote: str | None = None) -> Path:
+    """A git + DVC repo holding this project's pipeline and a small params.yaml."""
+    path.mkdir(parents=True)
+    shutil.copytree(REPO / "dots", path / "dots", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("dvc.yaml", ".dvcignore"):
+        shutil.copy(REPO / name, path / name)
+    (path / "params.yaml").write_text(yaml.safe_dump(load_config(None, overrides).model_dump(), sort_keys=False))
+    (path / ".gitignore").write_text("artifacts/mlflow.db\nartifacts/checkpoints/\nartifacts/mlartifacts/\n")
+    _git(["init", "-q"], path)
+    versioning.dvc(["init", "-q"], path)
+    versioning.dvc(["remote", "add", "-d", "local", remote or str(path.parent / (path.name + "-remote"))], path)
+    _git(["add", "-A"], path)
+    _git(["commit", "-qm", "init"], path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def flow_repo(tmp_path_factory):
+    """The whole pipeline flow, run once under prefect_test_harness, with the compare task
+    failing on its first try (it must be retried and the flow complete)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.pipeline import pipeline
+    from tasks import stages as task_module
+
+    repo = make_repo(tmp_path_factory.mktemp("flow") / "repo", SMALL)
+    calls = {"compare": 0}
+    real = task_module._repro
+
+    def flaky(stage, repo_, env):
+        if stage == "compare":
+            calls["compare"] += 1
+            if calls["compare"] == 1:
+                raise ConnectionError("simulated tracking outage")
+        return real(stage, repo_, env)
+
+    task_module._repro = flaky
+    try:
+        with prefect_test_harness(server_startup_timeout=180):
+            comparison = pipeline(repo=str(repo))
+    finally:
+        task_module._repro = real
+    return repo, comparison, calls
+
+
+def test_flow_completes_after_a_retried_task(flow_repo):
+    repo, comparison, calls = flow_repo
+    assert calls["compare"] == 2  # failed once, retried, succeeded
+    assert {r["method"] for r in comparison["rows"]} == {"grpo", "dots_rr"}
+    for name in ("compare/comparison.json", "compare/table.md", "compare/learning_curve.png",
+                 "runs/grpo/summary.json", "runs/dots_rr/records.jsonl", "predictor/metrics.json"):
+        assert (repo / "artifacts" / name).exists(), name
+    assert versioning.data_version(repo)  # dvc.lock records the data's hash
+    assert any((repo.parent / "repo-remote").rglob("*")), "the data was pushed to the DVC remote"
+
+
+def test_prefect_run_and_dvc_repro_share_one_lineage(flow_repo):
+    repo, _, _ = flow_repo
+    status = json.loads(versioning.dvc(["status", "--json"], repo).strip().splitlines()[-1] or "{}")
+    assert status == {}, f"dvc sees stale stages after the Prefect run: {status}"
+    out = versioning.dvc(["repro"], repo)
+    assert "Running stage" not in out  # nothing to do: the flow wrote what dvc repro would
+
+
+def test_changing_a_selection_param_reruns_only_what_depends_on_it(flow_repo, tmp_path):
+    repo, _, _ = flow_repo
+    clone = tmp_path / "clone"
+    shutil.copytree(repo, clone, symlinks=True)
+    versioning.set_params(["selection.tau=0.25"], clone)
+    assert "tau: 0.25" in (clone / "params.yaml").read_text()
+    status = json.loads(versioning.dvc(["status", "--json"], clone).strip().splitlines()[-1])
+    assert set(status) == {"train@grpo", "train@dots_rr"}, status  # changed directly
+    out = versioning.dvc(["repro"], clone)
+    ran = set(re.findall(r"Running stage '([^']+)'", out))
+    assert ran == {"train@grpo", "train@dots_rr", "compare"}, out  # and downstream of them, compare only
+
+
+def test_set_params_refuses_bad_values_and_leaves_the_file_alone(flow_repo):
+    from dots.config import ConfigError
+
+    repo, _, _ = flow_repo
+    before = (repo / "params.yaml").read_text()
+    with pytest.raises(ConfigError, match="replay.delta"):
+        versioning.set_params(["replay.delta=2"], repo)
+    assert (repo / "params.yaml").read_text() == before
+
+
+def test_mlflow_store_has_parent_children_names_tags_and_plot(flow_repo):
+    from mlflow.tracking import MlflowClient
+
+    repo, _, _ = flow_repo
+    client = MlflowClient(f"sqlite:///{repo / 'artifacts' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("dots")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("dots.role") == "pipeline"]
+    children = {r.data.tags["method"]: r for r in runs if r.data.tags.get("dots.role") == "train"}
+    assert len(parents) == 1 and set(children) == {"grpo", "dots_rr"}
+    parent = parents[0]
+    for method, run in children.items():
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.tags["git_commit"] != "" and run.data.tags["data_version"].startswith("dvc:")
+        assert SECTION4 <= set(run.data.metrics), SECTION4 - set(run.data.metrics)
+        assert run.data.params["train.batch_size"] == "8"
+        history = client.get_metric_history(run.info.run_id, "train/loss")
+        assert sorted(m.step for m in history) == [1, 2, 3, 4]
+    assert DOTS_RR_EXTRA <= set(children["dots_rr"].data.metrics)
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"learning_curve.png", "table.md", "comparison.json", "config.json", "metrics.json"} <= artifacts
+    png = Path(client.download_artifacts(parent.info.run_id, "learning_curve.png"))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, seconds: float, proc: subprocess.Popen) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited early: {proc.stdout.read() if proc.stdout else ''}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except Exception:  # noqa: BLE001  (not up yet)
+            time.sleep(0.5)
+    raise TimeoutError(url)
+
+
+def _get(base: str, path: str, **query) -> dict:
+    with urllib.request.urlopen(f"{base}{path}?{urllib.parse.urlencode(query)}", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _post(base: str, path: str, body: dict) -> dict:
+    req = urllib.request.Request(f"{base}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def test_the_mlflow_ui_server_serves_the_runs(flow_repo):
+    """What the UI's comparison view reads: runs search and metric histories, over REST."""
+    repo, _, _ = flow_repo
+    port = _free_port()
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+                             f"sqlite:///{repo / 'artifacts' / 'mlflow.db'}", "--host", "127.0.0.1",
+                             "--port", str(port), "--workers", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(f"{base}/health", 120, proc)
+        exp = _get(base, "/api/2.0/mlflow/experiments/get-by-name", experiment_name="dots")["experiment"]
+        runs = _post(base, "/api/2.0/mlflow/runs/search",
+                     {"experiment_ids": [exp["experiment_id"]], "filter": "tags.method = 'dots_rr'"})["runs"]
+        assert len(runs) == 1
+        run_id = runs[0]["info"]["run_id"]
+        for key in ("eval/accuracy", "replay/staleness_mean"):
+            hist = _get(base, "/api/2.0/mlflow/metrics/get-history", run_id=run_id, metric_key=key)["metrics"]
+            assert hist, key
+            assert all(0 <= m["value"] for m in hist)
+        steps = [m["step"] for m in _get(base, "/api/2.0/mlflow/metrics/get-history", run_id=run_id,
+                                          metric_key="eval/accuracy")["metrics"]]
+        assert 0 in steps and 4 in steps  # the start and the end of training
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """moto's standalone S3 server on 127.0.0.1 (a real HTTP endpoint, not an in-process mock)."""
+    port = _free_port()
+    exe = Path(sys.executable).parent / "moto_server"
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(url, 60, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def test_dvc_and_mlflow_round_trip_through_s3(s3_server, tmp_path, monkeypatch):
+    import boto3
+
+    for k, v in S3_ENV.items():
+        monkeypatch.setenv(k, v)
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    s3.create_bucket(Bucket="dots-data")
+    repo = make_repo(tmp_path / "repo", SMALL)
+    versioning.dvc(["remote", "add", "-f", "-d", "s3", "s3://dots-data/dvc"], repo)
+    versioning.dvc(["remote", "modify", "s3", "endpointurl", s3_server], repo)
+    versioning.repro("prepare", repo)
+    versioning.push(repo, ["prepare"])
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="dots-data").get("Contents", [])]
+    assert any(k.startswith("dvc/") for k in keys)
+    # pull into a fresh checkout of the same commit + lock
+    shutil.rmtree(repo / "artifacts" / "data")
+    shutil.rmtree(repo / ".dvc" / "cache")
+    versioning.dvc(["pull", "prepare"], repo)
+    assert (repo / "artifacts" / "data" / "pool.jsonl").exists()
+
+    # MLflow artifacts on the same endpoint
+    from dots.tracking import Tracker
+
+    monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", s3_server)
+    s3.create_bucket(Bucket="dots-mlflow")
+    cfg = load_config(None, [f"paths.root={tmp_path / 'art'}", "tracking.artifact_location=s3://dots-mlflow/mlflow",
+                             "tracking.experiment=s3-test"])
+    tracker = Tracker(cfg)
+    run_id = tracker.parent()
+    note = tmp_path / "note.txt"
+    note.write_text("hello s3")
+    tracker.log_artifacts(run_id, [note])
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="dots-mlflow").get("Contents", [])]
+    assert any(k.endswith("note.txt") for k in keys), keys
+
+
+def test_s3_errors_are_clear(s3_server, tmp_path, monkeypatch):
+    for k, v in S3_ENV.items():
+        monkeypatch.setenv(k, v)
+    repo = make_repo(tmp_path / "repo", SMALL)
+    versioning.dvc(["remote", "add", "-f", "-d", "s3", "s3://no-such-bucket/dvc"], repo)
+    versioning.dvc(["remote", "modify", "s3", "endpointurl", s3_server], repo)
+    versioning.repro("prepare", repo)
+    with pytest.raises(versioning.StageError, match="bucket does not exist"):
+        versioning.push(repo, ["prepare"])
