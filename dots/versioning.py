@@ -98,9 +98,10 @@ def push(repo: str | Path = ".", targets: list[str] | None = None, remote: str |
         return dvc(args, repo, timeout=600)
     except StageError as exc:
         text = str(exc)
-        if "NoSuchBucket" in text or "Bucket" in text and "not exist" in text:
+        if "NoSuchBucket" in text or ("Bucket" in text and "not exist" in text):
             raise StageError(f"DVC remote bucket does not exist: create it or fix the remote url\n{text}") from None
-        if "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text or "AccessDenied" in text:
+        if any(k in text for k in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden",
+                                   "(403)")):
             raise StageError(f"DVC remote refused the credentials (AWS_ACCESS_KEY_ID / "
                              f"AWS_SECRET_ACCESS_KEY or `dvc remote modify`)\n{text}") from None
         raise

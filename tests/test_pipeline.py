@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -168,6 +169,8 @@ def _wait_http(url: str, seconds: float, proc: subprocess.Popen) -> None:
         try:
             urllib.request.urlopen(url, timeout=2)
             return
+        except urllib.error.HTTPError:
+            return  # it answers (e.g. 403 without credentials): it is up
         except Exception:  # noqa: BLE001  (not up yet)
             time.sleep(0.5)
     raise TimeoutError(url)
@@ -213,13 +216,12 @@ def test_the_mlflow_ui_server_serves_the_runs(flow_repo):
         proc.wait(timeout=30)
 
 
-@pytest.fixture(scope="module")
-def s3_server():
+def _moto(env: dict | None = None):
     """moto's standalone S3 server on 127.0.0.1 (a real HTTP endpoint, not an in-process mock)."""
     port = _free_port()
     exe = Path(sys.executable).parent / "moto_server"
     proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, env=dict(os.environ, **(env or {})))
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_http(url, 60, proc)
@@ -227,6 +229,17 @@ def s3_server():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    yield from _moto()
+
+
+@pytest.fixture(scope="module")
+def s3_server_with_auth():
+    """The same server checking credentials (moto enforces IAM auth from the first request)."""
+    yield from _moto({"INITIAL_NO_AUTH_ACTION_COUNT": "0"})
 
 
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -268,12 +281,46 @@ def test_dvc_and_mlflow_round_trip_through_s3(s3_server, tmp_path, monkeypatch):
     assert any(k.endswith("note.txt") for k in keys), keys
 
 
-def test_s3_errors_are_clear(s3_server, tmp_path, monkeypatch):
-    for k, v in S3_ENV.items():
+def _prepared_repo_on_s3(tmp_path, monkeypatch, endpoint: str, bucket: str, **env) -> Path:
+    """A repo whose default DVC remote is `bucket` on `endpoint`, with the data prepared."""
+    for k, v in {**S3_ENV, **env}.items():
         monkeypatch.setenv(k, v)
     repo = make_repo(tmp_path / "repo", SMALL)
-    versioning.dvc(["remote", "add", "-f", "-d", "s3", "s3://no-such-bucket/dvc"], repo)
-    versioning.dvc(["remote", "modify", "s3", "endpointurl", s3_server], repo)
+    versioning.dvc(["remote", "add", "-f", "-d", "s3", f"s3://{bucket}/dvc"], repo)
+    versioning.dvc(["remote", "modify", "s3", "endpointurl", endpoint], repo)
     versioning.repro("prepare", repo)
+    return repo
+
+
+def test_a_missing_bucket_is_named(s3_server, tmp_path, monkeypatch):
+    repo = _prepared_repo_on_s3(tmp_path, monkeypatch, s3_server, "no-such-bucket")
     with pytest.raises(versioning.StageError, match="bucket does not exist"):
         versioning.push(repo, ["prepare"])
+
+
+def test_wrong_s3_credentials_are_named(s3_server_with_auth, tmp_path, monkeypatch):
+    repo = _prepared_repo_on_s3(tmp_path, monkeypatch, s3_server_with_auth, "dots-data", AWS_ACCESS_KEY_ID="not-a-key")
+    with pytest.raises(versioning.StageError, match="refused the credentials"):
+        versioning.push(repo, ["prepare"])
+
+
+def test_deployments_schedule_and_trigger():
+    """prefect.yaml and `make serve` declare the same deployments: a cron one and an event-triggered one."""
+    import importlib
+
+    from flows.serve import deployments
+
+    spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    by_name = {d["name"]: d for d in spec["deployments"]}
+    for d in spec["deployments"]:  # every entrypoint resolves to a Prefect flow
+        path, func = d["entrypoint"].split(":")
+        module = path.removesuffix(".py").replace("/", ".")
+        assert hasattr(getattr(importlib.import_module(module), func), "fn"), d["entrypoint"]
+    assert by_name["nightly-compare"]["schedules"][0]["cron"] == "0 2 * * *"
+    assert by_name["pipeline-on-new-data"]["triggers"][0]["expect"] == ["dots.data.versioned"]
+
+    served = {d.name: d for d in deployments(".")}
+    assert set(served) == set(by_name)
+    assert served["nightly-compare"].schedules[0].schedule.cron == "0 2 * * *"
+    trigger = served["pipeline-on-new-data"].triggers[0]
+    assert "dots.data.versioned" in trigger.expect
