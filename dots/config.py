@@ -139,6 +139,9 @@ class RolloutConfig(_Section):
     temperature: float = _range(0, None, lo_open=True, default=1.0, desc="sampling temperature")
     max_new_tokens: int = _range(1, None, default=10, desc="longest answer")
     batch_size: int = _range(1, None, default=1024, desc="sequences per generation batch")
+    vllm_gpu_memory_utilization: float = _range(0, 1, lo_open=True, default=0.35,
+                                                desc="vLLM's share of GPU memory when colocated with the trainer")
+    vllm_sleep_mode: bool = Field(True, description="vLLM sleeps (frees its GPU memory) during each update")
 
 
 class EvalConfig(_Section):

@@ -158,7 +158,7 @@ def _pad_to(t: torch.Tensor, width: int, value) -> torch.Tensor:
     return torch.cat([t, fill], dim=1)
 
 
-def make_engine(name: str, model, tokenizer, batch_size: int) -> RolloutEngine:
+def make_engine(name: str, model, tokenizer, batch_size: int, **vllm_options) -> RolloutEngine:
     """The engine named in `rollout.engine`; vLLM is imported only when asked for."""
     if name == "hf":
         return HFEngine(model, tokenizer, batch_size=batch_size)
@@ -168,5 +168,5 @@ def make_engine(name: str, model, tokenizer, batch_size: int) -> RolloutEngine:
         except ImportError as exc:
             raise RuntimeError("rollout.engine: 'vllm' needs the gpu extra (pip install 'dots[gpu]') and a "
                                f"GPU; import failed: {exc}") from None
-        return VLLMEngine(model, tokenizer, batch_size=batch_size)
+        return VLLMEngine(model, tokenizer, batch_size=batch_size, **vllm_options)
     raise ValueError(f"rollout.engine: unknown engine {name!r}; allowed: hf, vllm")

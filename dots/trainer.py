@@ -86,7 +86,9 @@ class Trainer:
         self.ref_model = None
         if cfg.loss.beta > 0:
             self.ref_model = load_policy(policy_dir)[0].eval().requires_grad_(False)
-        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg.rollout.batch_size)
+        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg.rollout.batch_size,
+                                  gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
+                                  sleep_mode=cfg.rollout.vllm_sleep_mode, seed=cfg.train.seed)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, weight_decay=0.0)
         self.np_rng = np.random.default_rng(cfg.train.seed)
         self.gen = torch.Generator().manual_seed(cfg.train.seed)
@@ -169,6 +171,8 @@ class Trainer:
         used = groups if cfg.loss.beta > 0 else [g for g in groups if g.informative]
         if not used:
             return 0.0, {}
+        if hasattr(self.engine, "release"):
+            self.engine.release()  # a colocated vLLM frees its GPU memory for the update
         batch = collate(used, self.tokenizer.pad_token_id, cfg.loss.scale_rewards)
         logp = token_logprobs(self.model, batch, cfg.rollout.temperature)
         ref_logp = None
@@ -181,6 +185,7 @@ class Trainer:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.max_grad_norm)
         self.opt.step()
+        self.engine.sync_weights(self.model)  # the next rollout samples from the updated policy
         if replayed:
             ids = {id(g) for g in replayed}
             rows = torch.cat([torch.full((g.size,), id(g) in ids) for g in used])

@@ -146,3 +146,18 @@ def test_cli_refuses_unknown_key_for_train(tmp_path, capsys):
     assert code == 2
     assert "train.bogus" in capsys.readouterr().err
     assert not root.exists()
+
+
+def test_choosing_vllm_without_the_gpu_extra_is_a_clear_error():
+    """The vLLM engine is an optional extra, imported only when chosen."""
+    import importlib.util
+
+    from dots.models import build_model, build_tokenizer
+    from dots.rollout import make_engine
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    tok = build_tokenizer()
+    model = build_model(load_config(None).model, tok)
+    with pytest.raises(RuntimeError, match=r"dots\[gpu\]"):
+        make_engine("vllm", model, tok, 8)
