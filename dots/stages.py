@@ -200,7 +200,8 @@ def train(cfg: Config, method: str | None = None, resume: bool = True) -> dict:
     if cfg.tracking.enabled:
         from .tracking import LiveLogger, Tracker  # noqa: PLC0415
 
-        logger = LiveLogger(Tracker(cfg), method, cfg.tracking.log_every)
+        logger = LiveLogger(Tracker(cfg), method, cfg.tracking.log_every,
+                            fallback=p.run(method) / "mlflow_fallback.jsonl")
     with Progress(f"train {method}", cfg.train.steps) as bar:
         def on_step(rec: dict) -> None:
             bar.update(rec["step"], reward=rec["train/reward_mean"], acc=rec.get("eval/accuracy"))

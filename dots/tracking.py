@@ -166,13 +166,21 @@ class Tracker:
 
 
 class LiveLogger:
-    """Trainer callback: buffers step records and logs them every `every` steps."""
+    """Trainer callback: buffers step records and logs them every `every` steps.
 
-    def __init__(self, tracker: Tracker, method: str, every: int):
+    A tracking failure mid-run never stops training: the records stay buffered and are
+    retried at the next flush; whatever still cannot be logged at the end is written to
+    `fallback` (JSON lines) and reported, so no metric is lost.
+    """
+
+    def __init__(self, tracker: Tracker, method: str, every: int, fallback: str | Path | None = None):
         self.tracker, self.every = tracker, every
-        self.run_id, self.logged = tracker.child(method)
+        self.run_id, self.logged = tracker.child(method)  # unreachable store: fails here, before training
         self.start_ms = int(time.time() * 1000)
         self.buffer: list[dict] = []
+        self.fallback = Path(fallback) if fallback is not None else None
+        self.failures = 0
+        self._due = every  # buffered records before the next write; doubles while the store is down
         self.seconds = 0.0  # wall-clock spent in MLflow calls (reported as tracking overhead)
 
     def catch_up(self, records: list[dict]) -> None:
@@ -184,23 +192,47 @@ class LiveLogger:
         if rec["step"] <= self.logged:
             return
         self.buffer.append(rec)
-        if len(self.buffer) >= self.every:
+        if len(self.buffer) >= self._due:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
+        """Log the buffered records; on failure keep them for the next try. True when logged."""
         if not self.buffer:
-            return
+            return True
         t = time.perf_counter()
-        self.tracker.log_metrics(self.run_id, self.buffer, self.start_ms)
+        try:
+            self.tracker.log_metrics(self.run_id, self.buffer, self.start_ms)
+        except Exception as exc:  # noqa: BLE001  (any tracking fault must not stop training)
+            self.failures += 1
+            from .progress import say  # noqa: PLC0415
+
+            say(f"tracking: logging steps {self.buffer[0]['step']}-{self.buffer[-1]['step']} failed ({exc}); "
+                "kept for retry")
+            self._due = min(2 * len(self.buffer), 100 * self.every)  # back off instead of retrying every step
+            return False
+        finally:
+            self.seconds += time.perf_counter() - t
         self.logged = self.buffer[-1]["step"]
         self.buffer = []
-        self.seconds += time.perf_counter() - t
+        self._due = self.every
+        return True
 
     def finish(self, summary: dict, evals: list[dict]) -> None:
-        self.flush()
+        from .progress import say  # noqa: PLC0415
+
+        if not self.flush() and self.fallback is not None:
+            self.fallback.parent.mkdir(parents=True, exist_ok=True)
+            with self.fallback.open("a") as f:
+                for rec in self.buffer:
+                    f.write(json.dumps({"run_id": self.run_id, **rec}) + "\n")
+            say(f"tracking: {len(self.buffer)} step records could not reach MLflow; written to {self.fallback}")
         t = time.perf_counter()
-        self.tracker.finish_child(self.run_id, summary, evals, self.start_ms)
-        self.seconds += time.perf_counter() - t
+        try:
+            self.tracker.finish_child(self.run_id, summary, evals, self.start_ms)
+        except Exception as exc:  # noqa: BLE001
+            say(f"tracking: could not close MLflow run {self.run_id} ({exc}); the run files hold every figure")
+        finally:
+            self.seconds += time.perf_counter() - t
 
 
 def log_comparison(cfg: Config, comparison: dict, artifacts: list[Path]) -> str:

@@ -324,3 +324,36 @@ def test_deployments_schedule_and_trigger():
     assert served["nightly-compare"].schedules[0].schedule.cron == "0 2 * * *"
     trigger = served["pipeline-on-new-data"].triggers[0]
     assert "dots.data.versioned" in trigger.expect
+
+
+def test_a_tracking_fault_mid_run_loses_no_metric(tmp_path):
+    """MLflow failing mid-run: training goes on, the records are retried, and what never
+    gets through is written to the local fallback file."""
+    from dots.tracking import LiveLogger, Tracker
+
+    cfg = load_config(None, [f"paths.root={tmp_path}", "tracking.experiment=faults"])
+    tracker = Tracker(cfg)
+    real = tracker.log_metrics
+    state = {"down": True}
+
+    def flaky(run_id, records, start_ms):
+        if state["down"]:
+            raise ConnectionError("tracking server unreachable")
+        return real(run_id, records, start_ms)
+
+    tracker.log_metrics = flaky
+    logger = LiveLogger(tracker, "grpo", every=2, fallback=tmp_path / "fallback.jsonl")
+    recs = [{"step": s, "train/loss": float(s), "time/elapsed_s": 0.1 * s} for s in range(1, 9)]
+    for rec in recs[:4]:
+        logger(rec)  # writes at steps 2 and 4 fail (backing off): nothing raised, everything kept
+    assert logger.failures == 2 and [r["step"] for r in logger.buffer] == [1, 2, 3, 4]
+    state["down"] = False
+    for rec in recs[4:]:
+        logger(rec)  # back up: the backlog goes through with the new records
+    hist = tracker.client.get_metric_history(logger.run_id, "train/loss")
+    assert sorted(m.step for m in hist) == list(range(1, 9))
+    state["down"] = True
+    logger({"step": 9, "train/loss": 9.0, "time/elapsed_s": 0.9})
+    logger.finish({"final_accuracy": 0.5}, [])
+    lines = [json.loads(x) for x in (tmp_path / "fallback.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [9] and lines[0]["run_id"] == logger.run_id
