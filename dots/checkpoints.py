@@ -4,7 +4,7 @@ A checkpoint holds everything the next step depends on: policy and optimizer sta
 RNG states (numpy generator for selection/replay, torch generator for sampling, the
 global torch RNG), the replay buffer, the DOTS round state, the step counter, the
 training clock and the records so far. Written to a temp file and renamed, so a kill
-mid-write never leaves a torn checkpoint.
+mid-write never leaves a torn checkpoint (temp file, fsync, rename).
 """
 
 from __future__ import annotations
@@ -14,16 +14,15 @@ from typing import Any
 
 import torch
 
+from .atomic import atomic_path
+
 CHECKPOINT = "checkpoint.pt"
 
 
 def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / CHECKPOINT
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    path = Path(run_dir) / CHECKPOINT
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
     return path
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .atomic import write_text
 from .config import TaskConfig, Tier
 
 
@@ -92,13 +93,7 @@ def generate(task: TaskConfig) -> tuple[list[Question], list[Question]]:
 
 
 def save_questions(questions: list[Question], path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w") as f:
-        for q in questions:
-            f.write(json.dumps(asdict(q)) + "\n")
-    tmp.replace(path)
+    write_text(path, "".join(json.dumps(asdict(q)) + "\n" for q in questions))
 
 
 def load_questions(path: str | Path) -> list[Question]:

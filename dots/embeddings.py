@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from .atomic import atomic_path
 from .data import Question, pool_hash
 
 
@@ -59,12 +60,9 @@ def encode_with_sentence_transformers(name: str, texts: list[str], batch_size: i
 
 
 def save_embeddings(path: str | Path, embeddings: torch.Tensor, backbone: str, pool: list[Question]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"embeddings": embeddings, "backbone": backbone, "pool_hash": pool_hash(pool),
-                "ids": [q.id for q in pool]}, tmp)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        torch.save({"embeddings": embeddings, "backbone": backbone, "pool_hash": pool_hash(pool),
+                    "ids": [q.id for q in pool]}, tmp)
 
 
 def load_embeddings(path: str | Path, backbone: str, pool: list[Question]) -> torch.Tensor:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .atomic import write_text
+
 if TYPE_CHECKING:
     from .config import Config
     from .trainer import RunResult
@@ -56,13 +58,11 @@ def summarize(result: "RunResult") -> dict:
 
 def write_run_files(run_dir: str | Path, cfg: "Config", result: "RunResult") -> dict:
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with (run_dir / "records.jsonl").open("w") as f:
-        for rec in result.records:
-            f.write(json.dumps({k: _clean(v) for k, v in rec.items()}) + "\n")
-    (run_dir / "evals.json").write_text(json.dumps(result.evals, indent=1))
+    write_text(run_dir / "records.jsonl",
+               "".join(json.dumps({k: _clean(v) for k, v in rec.items()}) + "\n" for rec in result.records))
+    write_text(run_dir / "evals.json", json.dumps(result.evals, indent=1))
     summary = summarize(result)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_text(run_dir / "summary.json", json.dumps(summary, indent=1))
     return summary
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .atomic import write_text
 from .config import Config
 from .data import Question, generate, load_questions, save_questions
 from .embeddings import (StaleCacheError, backbone_identity, encode_with_sentence_transformers, load_embeddings,
@@ -70,10 +71,7 @@ def paths(cfg: Config) -> Paths:
 
 
 def _write_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(json_safe(obj), indent=1))
-    tmp.replace(path)
+    write_text(path, json.dumps(json_safe(obj), indent=1))
 
 
 def prepare(cfg: Config) -> dict:
@@ -246,7 +244,7 @@ def compare(cfg: Config, methods: list[str] | None = None) -> dict:
     out = {"target_accuracy": target, "rows": rows}
     _write_json(p.compare / "comparison.json", out)
     table = render_table(out)
-    (p.compare / "table.md").write_text(table + "\n")
+    write_text(p.compare / "table.md", table + "\n")
     from .plots import learning_curve  # noqa: PLC0415
 
     learning_curve({m: [evals] for m, (_, evals) in runs.items()}, target, p.compare / "learning_curve.png")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from .atomic import atomic_path
 from .config import load_config
 
 
@@ -70,10 +71,8 @@ def set_params(overrides: list[str] | dict | None, repo: str | Path = ".") -> No
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         node[parts[-1]] = value
-    tmp = path.with_suffix(".yaml.tmp")
-    with tmp.open("w") as f:
+    with atomic_path(path) as tmp, tmp.open("w") as f:
         ry.dump(doc, f)
-    tmp.replace(path)
 
 
 def lock(repo: str | Path = ".") -> dict:
