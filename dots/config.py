@@ -54,7 +54,14 @@ class Tier(_Section):
 
 
 class TaskConfig(_Section):
-    seed: int = Field(0, description="seed of the question generator; same seed, same pool")
+    source: Literal["synthetic", "dataset"] = Field("synthetic", description="'synthetic' (the embedded "
+                                                    "arithmetic task) or 'dataset' (task.dataset, e.g. DeepScaleR)")
+    dataset: dict[str, Any] | None = Field(None, description="dots.datasets.DatasetSpec: path, format, "
+                                                             "question/answer/id columns, max_chars, limit")
+    prompt_template: Literal["plain", "chat"] = Field("plain", description="'chat' wraps each question in the "
+                                                                           "tokenizer's chat template")
+    system_prompt: str | None = Field(None, description="system turn of the chat template (chat only)")
+    seed: int = Field(0, description="seed of the question generator and of the pool/eval split")
     pool_size: int = _range(16, None, default=16384, desc="training pool questions DOTS selects from")
     eval_size: int = _range(16, None, default=2048, desc="held-out questions for accuracy (>= 2048 for "
                                                           "differences above noise)")
@@ -66,6 +73,9 @@ class TaskConfig(_Section):
 
 
 class ModelConfig(_Section):
+    pretrained: str | None = Field(None, description="hub name or local folder of a causal LM to fine-tune; "
+                                                     "set, it replaces the tiny model and skips the warm-up")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="policy weights' dtype")
     n_layer: int = _range(1, 48, default=3, desc="transformer blocks of the tiny GPT-2")
     n_embd: int = _range(8, 4096, default=64, desc="hidden size")
     n_head: int = _range(1, 64, default=4, desc="attention heads; must divide n_embd")
@@ -144,6 +154,12 @@ class RolloutConfig(_Section):
     vllm_sleep_mode: bool = Field(True, description="vLLM sleeps (frees its GPU memory) during each update")
 
 
+class RewardConfig(_Section):
+    name: Literal["exact_match", "math_verify"] = Field("exact_match", description="exact_match (embedded "
+                                                        "task) or math_verify (boxed LaTeX answers)")
+    timeout_s: float = _range(0, 600, lo_open=True, default=5.0, desc="bound on one math_verify check")
+
+
 class EvalConfig(_Section):
     every: int = _range(1, None, default=10, desc="steps between held-out evaluations")
     batch_size: int = _range(1, None, default=1024, desc="questions per greedy-decoding batch")
@@ -162,6 +178,8 @@ class TrainConfig(_Section):
     target_accuracy: float | None = _range(0, 1, default=None,
                                            desc="accuracy for time-to-target; `compare` uses grpo's final")
     threads: int = _range(1, 256, default=2, desc="torch CPU threads")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the policy trains; auto = cuda "
+                                                                       "when available")
 
 
 class TrackingConfig(_Section):
@@ -189,6 +207,7 @@ class Config(_Section):
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
@@ -217,6 +236,8 @@ class Config(_Section):
                 raise ValueError(f"warmup.checkpoints: each must be in (0, warmup.steps={self.warmup.steps}); "
                                  f"got {step}")
         known = {f"step{s}" for s in self.warmup.checkpoints} | {"final"}
+        if self.model.pretrained:
+            known = {"final"}
         for name in self.label.policies:
             if name not in known:
                 raise ValueError(f"label.policies: {name!r} is not a warm-up checkpoint; allowed: {sorted(known)}")
@@ -224,6 +245,24 @@ class Config(_Section):
             raise ValueError("label.policies: needs at least one policy")
         if not self.task.tiers:
             raise ValueError("task.tiers: needs at least one tier")
+        if self.task.source == "dataset":
+            if not self.task.dataset:
+                raise ValueError("task.dataset: needed when task.source is 'dataset' (at least a path)")
+            from .datasets import DatasetSpec  # noqa: PLC0415  (config stays importable without it)
+
+            try:
+                DatasetSpec.model_validate(self.task.dataset)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                raise ValueError(f"task.dataset.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
+        if self.model.pretrained:
+            if self.embed.backbone == "warmup":
+                raise ValueError("embed.backbone: 'warmup' needs the embedded model; with model.pretrained use "
+                                 "'hf:<name or path>' (e.g. the instruct model) or 'sentence-transformers:<name>'")
+            bad = [p for p in self.label.policies if p != "final"]
+            if bad:
+                raise ValueError(f"label.policies: with model.pretrained only 'final' (the pretrained policy) "
+                                 f"exists; got {bad}")
         return self
 
     # -- helpers ---------------------------------------------------------------------------

@@ -7,6 +7,9 @@ describes the pool's spectrum.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -15,39 +18,77 @@ from .rewards import exact_match
 from .rollout import Group, RolloutEngine
 
 
+@dataclass(frozen=True)
+class TaskIO:
+    """How questions become prompts and responses become rewards: plain text and exact match
+    for the embedded task; the tokenizer's chat template and math-verify for real math data."""
+
+    template: str = "plain"
+    system: str | None = None
+    reward: Callable[[str, str], float] = exact_match
+
+    def encode(self, tokenizer, questions: list[Question]) -> list[list[int]]:
+        if self.template == "chat":
+            out = []
+            for q in questions:
+                messages = ([{"role": "system", "content": self.system}] if self.system else [])
+                messages.append({"role": "user", "content": q.prompt})
+                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+                out.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
+            return out
+        return tokenizer([q.prompt for q in questions], add_special_tokens=True)["input_ids"]
+
+    def score(self, groups: list[Group], questions: list[Question]) -> None:
+        """Fill each group's rewards in place (group i answers questions[i])."""
+        for g, q in zip(groups, questions):
+            g.question_id = q.id
+            g.rewards = torch.tensor([self.reward(t, q.answer) for t in g.texts], dtype=torch.float32)
+
+
+PLAIN = TaskIO()
+
+
+def task_io(cfg) -> TaskIO:
+    from .rewards import get_reward  # noqa: PLC0415
+
+    reward = get_reward(cfg.reward.name)
+    if cfg.reward.name == "math_verify":
+        timeout = cfg.reward.timeout_s
+        base = reward
+        reward = lambda text, answer: base(text, answer, timeout_s=timeout)  # noqa: E731
+    return TaskIO(cfg.task.prompt_template, cfg.task.system_prompt, reward)
+
+
 def encode_prompts(tokenizer, questions: list[Question]) -> list[list[int]]:
-    return tokenizer([q.prompt for q in questions], add_special_tokens=True)["input_ids"]
+    return PLAIN.encode(tokenizer, questions)
 
 
 def score(groups: list[Group], questions: list[Question], reward=exact_match) -> None:
-    """Fill each group's rewards in place (group i answers questions[i])."""
-    for g, q in zip(groups, questions):
-        g.question_id = q.id
-        g.rewards = torch.tensor([reward(t, q.answer) for t in g.texts], dtype=torch.float32)
+    TaskIO(reward=reward).score(groups, questions)
 
 
 def greedy_accuracy(engine: RolloutEngine, tokenizer, questions: list[Question], max_new_tokens: int,
-                    batch_size: int = 1024) -> float:
+                    batch_size: int = 1024, io: TaskIO = PLAIN) -> float:
     correct = 0
     for start in range(0, len(questions), batch_size):
         chunk = questions[start:start + batch_size]
-        groups = engine.generate(encode_prompts(tokenizer, chunk), 1, temperature=1.0,
+        groups = engine.generate(io.encode(tokenizer, chunk), 1, temperature=1.0,
                                  max_new_tokens=max_new_tokens, greedy=True)
-        score(groups, chunk)
+        io.score(groups, chunk)
         correct += sum(int(g.rewards[0]) for g in groups)
     return correct / max(1, len(questions))
 
 
 def pass_rates(engine: RolloutEngine, tokenizer, questions: list[Question], group_size: int,
                temperature: float, max_new_tokens: int, generator: torch.Generator | None = None,
-               chunk: int = 256) -> np.ndarray:
+               chunk: int = 256, io: TaskIO = PLAIN) -> np.ndarray:
     """Mean reward of `group_size` samples per question."""
     out = []
     for start in range(0, len(questions), chunk):
         part = questions[start:start + chunk]
-        groups = engine.generate(encode_prompts(tokenizer, part), group_size, temperature=temperature,
+        groups = engine.generate(io.encode(tokenizer, part), group_size, temperature=temperature,
                                  max_new_tokens=max_new_tokens, generator=generator)
-        score(groups, part)
+        io.score(groups, part)
         out.extend(g.mean_reward for g in groups)
     return np.asarray(out, dtype=np.float64)
 

@@ -31,6 +31,11 @@ class Batch:
     advantages: torch.Tensor      # (N,)
     prompt_width: int
 
+    def to(self, device) -> "Batch":
+        """The same batch on `device` (the policy's), for a GPU update."""
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
+        return Batch(**moved)
+
 
 def group_advantages(rewards: torch.Tensor, scale_rewards: str = "none", eps: float = 1e-6) -> torch.Tensor:
     """(groups, G) rewards → advantages r − mean, optionally ÷ the group's std."""

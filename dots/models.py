@@ -56,14 +56,28 @@ def save_policy(model, tokenizer, path: str | Path) -> None:
 
 
 def load_policy(path: str | Path, dtype: torch.dtype = torch.float32):
-    """Load a saved policy and tokenizer (ours or any local causal LM folder)."""
-    path = Path(path)
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"{path}: no saved model; run `dots warmup` first")
+    """Load a policy and tokenizer: a folder we saved, any local causal LM folder, or a hub
+    name (`model.pretrained`, online or from the local HF cache)."""
+    local = Path(path)
+    if local.exists() and not (local / "config.json").exists():
+        raise FileNotFoundError(f"{local}: no saved model; run `dots warmup` first")
+    if not local.exists() and (str(path).startswith((".", "/")) or str(path).count("/") != 1):
+        raise FileNotFoundError(f"{path}: no saved model here (and not a hub name); run `dots warmup` first")
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token  # many hub causal LMs ship without a pad token
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     return model, tokenizer
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """'auto' is cuda when a GPU is visible, else cpu."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device: 'cuda' asked for but no GPU is visible")
+    return torch.device(name)
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -121,6 +121,11 @@ class HFEngine:
 
     def generate(self, prompts: list[list[int]], n: int, *, temperature: float = 1.0, max_new_tokens: int = 16,
                  greedy: bool = False, generator: torch.Generator | None = None) -> list[Group]:
+        device = next(self.model.parameters()).device
+        if generator is not None and generator.device != device:
+            # a seeded generator on the policy's device, drawn from the caller's (checkpointed) one
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+            generator = torch.Generator(device=device).manual_seed(seed)
         flat = [p for p in prompts for _ in range(n)]
         chunks = []
         for start in range(0, len(flat), self.batch_size):

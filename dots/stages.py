@@ -25,8 +25,8 @@ from .config import Config
 from .data import Question, generate, load_questions, save_questions
 from .embeddings import (StaleCacheError, backbone_identity, encode_with_sentence_transformers, load_embeddings,
                          masked_mean_embeddings, save_embeddings)
-from .evaluation import pass_rates, spectrum
-from .models import load_policy
+from .evaluation import pass_rates, spectrum, task_io
+from .models import load_policy, resolve_device
 from .predictor import load_predictor, save_predictor
 from .predictor_training import fit_predictor
 from .progress import Progress, say
@@ -70,16 +70,42 @@ def paths(cfg: Config) -> Paths:
     return Paths(cfg.root)
 
 
+def policy_path(cfg: Config) -> str | Path:
+    """The policy RL starts from: `model.pretrained` when set, else the warm-up's final model."""
+    return cfg.model.pretrained or paths(cfg).policy
+
+
+def labelling_policy(cfg: Config, name: str) -> str | Path:
+    return policy_path(cfg) if name == "final" else paths(cfg).warmup / name
+
+
 def _write_json(path: Path, obj) -> None:
     write_text(path, json.dumps(json_safe(obj), indent=1))
 
 
+def split_dataset(cfg: Config) -> tuple[list[Question], list[Question]]:
+    """A dataset's rows, validated, split by the task seed into pool and held-out set."""
+    from .datasets import load_pool  # noqa: PLC0415
+
+    rows = load_pool(cfg.task.dataset)
+    if cfg.task.eval_size >= len(rows):
+        raise ValueError(f"task.eval_size: must be < the dataset's {len(rows)} rows; got {cfg.task.eval_size}")
+    order = np.random.default_rng(cfg.task.seed).permutation(len(rows))
+    held = [rows[i] for i in sorted(order[: cfg.task.eval_size])]
+    pool = [rows[i] for i in sorted(order[cfg.task.eval_size:])]
+    return pool, held
+
+
 def prepare(cfg: Config) -> dict:
-    pool, held = generate(cfg.task)
+    pool, held = split_dataset(cfg) if cfg.task.source == "dataset" else generate(cfg.task)
+    if len(pool) < max(cfg.selection.ref_size, cfg.train.batch_size, cfg.label.num_questions):
+        raise ValueError(f"task: the pool has {len(pool)} questions, fewer than selection.ref_size, "
+                         "train.batch_size or label.num_questions ask for")
     p = paths(cfg)
     save_questions(pool, p.pool)
     save_questions(held, p.eval)
-    say(f"prepare: {len(pool)} pool questions, {len(held)} held-out, {len(cfg.task.tiers)} tiers -> {p.pool.parent}")
+    kind = f"{len(cfg.task.tiers)} tiers" if cfg.task.source == "synthetic" else f"from {cfg.task.dataset['path']}"
+    say(f"prepare: {len(pool)} pool questions, {len(held)} held-out, {kind} -> {p.pool.parent}")
     return {"pool": len(pool), "eval": len(held)}
 
 
@@ -94,12 +120,17 @@ def run_warmup(cfg: Config) -> dict:
     torch.set_num_threads(cfg.train.threads)
     p = paths(cfg)
     pool, _ = load_data(cfg)
-    with Progress("warm-up", cfg.warmup.steps) as bar:
-        info = warmup(cfg, p.warmup, progress=lambda step, loss: bar.update(step, loss=loss))
-    model, tok = load_policy(p.policy)
+    if cfg.model.pretrained:  # a real model: nothing to warm up, but measure where it starts
+        info = {"steps": 0, "seconds": 0.0, "final_loss": None, "pretrained": cfg.model.pretrained}
+    else:
+        with Progress("warm-up", cfg.warmup.steps) as bar:
+            info = warmup(cfg, p.warmup, progress=lambda step, loss: bar.update(step, loss=loss))
+    model, tok = load_policy(policy_path(cfg), getattr(torch, cfg.model.dtype))
+    model.to(resolve_device(cfg.train.device))
     sample = pool[: cfg.warmup.spectrum_questions]
     rates = pass_rates(HFEngine(model, tok, cfg.rollout.batch_size), tok, sample, cfg.rollout.group_size,
-                       cfg.rollout.temperature, cfg.rollout.max_new_tokens, torch.Generator().manual_seed(0))
+                       cfg.rollout.temperature, cfg.rollout.max_new_tokens, torch.Generator().manual_seed(0),
+                       io=task_io(cfg))
     spec = spectrum(rates)
     info["spectrum"] = spec
     info["spectrum_questions"] = len(sample)
@@ -112,7 +143,11 @@ def run_warmup(cfg: Config) -> dict:
 
 def _backbone(cfg: Config) -> str:
     spec = cfg.embed.backbone
-    return backbone_identity(paths(cfg).policy) if spec == "warmup" else spec
+    if spec == "warmup":
+        return backbone_identity(paths(cfg).policy)
+    if spec.startswith("hf:") and Path(spec[3:]).is_dir():
+        return backbone_identity(spec[3:])
+    return spec
 
 
 def embed(cfg: Config) -> dict:
@@ -133,11 +168,15 @@ def embed(cfg: Config) -> dict:
     if cfg.embed.backbone == "warmup":
         model, tok = load_policy(p.policy)
         emb = masked_mean_embeddings(model, tok, texts, cfg.embed.batch_size)
+    elif cfg.embed.backbone.startswith("hf:"):  # a frozen hub/local causal LM, e.g. the instruct model
+        model, tok = load_policy(cfg.embed.backbone[3:], getattr(torch, cfg.model.dtype))
+        model.to(resolve_device(cfg.train.device))
+        emb = masked_mean_embeddings(model, tok, texts, cfg.embed.batch_size)
     elif cfg.embed.backbone.startswith("sentence-transformers:"):
         emb = encode_with_sentence_transformers(cfg.embed.backbone.split(":", 1)[1], texts, cfg.embed.batch_size)
     else:
-        raise ValueError(f"embed.backbone: {cfg.embed.backbone!r}; allowed: 'warmup' or "
-                         "'sentence-transformers:<name>'")
+        raise ValueError(f"embed.backbone: {cfg.embed.backbone!r}; allowed: 'warmup', 'hf:<name or path>' "
+                         "or 'sentence-transformers:<name>'")
     save_embeddings(p.embeddings, emb, ident, pool)
     say(f"embed: {tuple(emb.shape)} in {time.perf_counter() - start:.1f}s -> {p.embeddings}")
     return {"cached": False, "shape": list(emb.shape)}
@@ -153,10 +192,12 @@ def label(cfg: Config) -> dict:
     subset = [pool[i] for i in idx]
     out = {"question_index": idx.tolist(), "group_size": cfg.rollout.group_size, "policies": {}}
     for name in cfg.label.policies:
-        model, tok = load_policy(p.warmup / name)
+        model, tok = load_policy(labelling_policy(cfg, name), getattr(torch, cfg.model.dtype))
+        model.to(resolve_device(cfg.train.device))
         engine = HFEngine(model, tok, cfg.rollout.batch_size)
         rates = pass_rates(engine, tok, subset, cfg.rollout.group_size, cfg.rollout.temperature,
-                           cfg.rollout.max_new_tokens, torch.Generator().manual_seed(cfg.task.seed))
+                           cfg.rollout.max_new_tokens, torch.Generator().manual_seed(cfg.task.seed),
+                           io=task_io(cfg))
         out["policies"][name] = (1.0 - rates).tolist()
         spec = spectrum(rates)
         say(f"label: {name}: never {spec['never']:.0%}, sometimes {spec['sometimes']:.0%}, "
@@ -205,7 +246,7 @@ def train(cfg: Config, method: str | None = None, resume: bool = True) -> dict:
             bar.update(rec["step"], reward=rec["train/reward_mean"], acc=rec.get("eval/accuracy"))
             if logger is not None:
                 logger(rec)
-        trainer = Trainer(cfg, method, p.policy, pool, held, p.run(method), predictor, emb, resume=resume,
+        trainer = Trainer(cfg, method, policy_path(cfg), pool, held, p.run(method), predictor, emb, resume=resume,
                           on_step=on_step, checkpoint_dir=p.checkpoints(method))
         bar.update(trainer.step)
         if logger is not None:

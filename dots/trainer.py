@@ -33,9 +33,9 @@ from .checkpoints import CHECKPOINT, load_checkpoint, save_checkpoint
 from .config import Config
 from .data import Question
 from .embeddings import backbone_identity
-from .evaluation import encode_prompts, greedy_accuracy, score
+from .evaluation import greedy_accuracy, task_io
 from .loss import collate, grpo_loss, token_logprobs
-from .models import load_policy
+from .models import load_policy, resolve_device
 from .predictor import DifficultyPredictor
 from .predictor_training import pearson
 from .progress import say
@@ -80,19 +80,23 @@ class Trainer:
         self.pool, self.eval_set, self.on_step = pool, eval_set, on_step
         torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.train.seed)
-        self.model, self.tokenizer = load_policy(policy_dir)
+        self.device = resolve_device(cfg.train.device)
+        dtype = getattr(torch, cfg.model.dtype)
+        self.model, self.tokenizer = load_policy(policy_dir, dtype)
+        self.model.to(self.device)
+        self.io = task_io(cfg)
         self.policy_identity = backbone_identity(policy_dir)  # a re-run warm-up invalidates checkpoints
         self.model.train()
         self.ref_model = None
         if cfg.loss.beta > 0:
-            self.ref_model = load_policy(policy_dir)[0].eval().requires_grad_(False)
+            self.ref_model = load_policy(policy_dir, dtype)[0].to(self.device).eval().requires_grad_(False)
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg.rollout.batch_size,
                                   gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
                                   sleep_mode=cfg.rollout.vllm_sleep_mode, seed=cfg.train.seed)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, weight_decay=0.0)
         self.np_rng = np.random.default_rng(cfg.train.seed)
         self.gen = torch.Generator().manual_seed(cfg.train.seed)
-        self.prompts = encode_prompts(self.tokenizer, pool)
+        self.prompts = self.io.encode(self.tokenizer, pool)
         self.buffer = ReplayBuffer(cfg.replay.capacity)
         self.predictor, self.projections = predictor, None
         if self.uses_dots:
@@ -125,7 +129,7 @@ class Trainer:
         groups = self.engine.generate([self.prompts[i] for i in idx], r.group_size, temperature=r.temperature,
                                       max_new_tokens=r.max_new_tokens, generator=self.gen)
         self.model.train()
-        score(groups, [self.pool[i] for i in idx])
+        self.io.score(groups, [self.pool[i] for i in idx])
         for g, i in zip(groups, idx):
             g.question_id, g.version = int(i), self.step
         return groups
@@ -173,7 +177,7 @@ class Trainer:
             return 0.0, {}
         if hasattr(self.engine, "release"):
             self.engine.release()  # a colocated vLLM frees its GPU memory for the update
-        batch = collate(used, self.tokenizer.pad_token_id, cfg.loss.scale_rewards)
+        batch = collate(used, self.tokenizer.pad_token_id, cfg.loss.scale_rewards).to(self.device)
         logp = token_logprobs(self.model, batch, cfg.rollout.temperature)
         ref_logp = None
         if self.ref_model is not None:
@@ -188,7 +192,7 @@ class Trainer:
         self.engine.sync_weights(self.model)  # the next rollout samples from the updated policy
         if replayed:
             ids = {id(g) for g in replayed}
-            rows = torch.cat([torch.full((g.size,), id(g) in ids) for g in used])
+            rows = torch.cat([torch.full((g.size,), id(g) in ids) for g in used]).to(self.device)
             with torch.no_grad():
                 ratio = torch.exp(logp.detach() - batch.old_logprobs)[rows][batch.response_mask[rows]]
             stats["replay_ratio_mean"], stats["replay_ratio_max"] = float(ratio.mean()), float(ratio.max())
@@ -238,7 +242,7 @@ class Trainer:
         """Greedy held-out accuracy; runs outside the training clock."""
         self.model.eval()
         acc = greedy_accuracy(self.engine, self.tokenizer, self.eval_set, self.cfg.rollout.max_new_tokens,
-                              self.cfg.eval.batch_size)
+                              self.cfg.eval.batch_size, self.io)
         self.model.train()
         e = {"step": self.step, "elapsed_s": self.elapsed, "accuracy": acc}
         self.evals.append(e)

@@ -1,0 +1,365 @@
+"""Load a real prompt pool (the GPU profile's dataset) into :class:`dots.data.Question` rows.
+
+Three sources, one column mapping (:class:`DatasetSpec`):
+
+- ``parquet``: verl's layout, e.g. ``deepscaler.parquet`` (``prompt`` = chat messages,
+  ``reward_model.ground_truth``, ``extra_info.{index, question, answer}``), read with pyarrow;
+- ``jsonl``: one JSON object per line, with the same dotted mapping;
+- ``datasets``: the Hugging Face ``datasets`` library: a ``save_to_disk`` folder, local data
+  files, or a hub name (online only).
+
+Why validate everything up front
+--------------------------------
+A bad row found at step 3,000 of a GPU run (an empty ground truth that every response "matches",
+a numeric answer the reward cannot compare, a duplicate id that corrupts the embedding cache)
+costs hours; found here it costs a second. So every row is checked *before* anything is returned
+(and therefore before any model is loaded), and all problems are reported at once (the first 20,
+with the total), each naming the file, the 0-based row, the id when known and the dotted column::
+
+    deepscaler.parquet row 17 (id 17), column reward_model.ground_truth: empty string
+
+Values are never coerced: a number where a string is expected is an error rather than a silent
+``str(42)``, because it usually means the column mapping points at the wrong column.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .data import Question, pool_hash
+
+MAX_REPORTED = 20
+_Problems = list[tuple[int, str]]  # (line or row, message), sorted into file order before reporting
+_Read = tuple[dict[str, list], _Problems]  # {dotted column: values}, problems found while reading
+Format = Literal["parquet", "jsonl", "datasets"]
+_MISSING = object()
+
+
+class DatasetError(ValueError):
+    """A dataset cannot be read, or some of its rows are invalid. The message names file, row and column."""
+
+
+class DatasetSpec(BaseModel):
+    """Where a prompt pool lives and which (dotted) columns hold question, answer and id.
+
+    The defaults fit verl's parquet layout (deepscaler); a dotted path walks into struct / dict
+    columns (``reward_model.ground_truth``), and a path that ends at a list of chat messages
+    (verl's ``prompt`` column) yields the content of the last user message.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(..., min_length=1, description="a .parquet / .jsonl file, a datasets save_to_disk "
+                                                     "folder, or a Hugging Face hub name (online only)")
+    format: Format | None = Field(None, description="parquet | jsonl | datasets; None infers it from the "
+                                                    "path (.parquet, .jsonl/.json, anything else: datasets)")
+    question: str = Field("extra_info.question", min_length=1,
+                          description="dotted column of the question text (or of a list of chat messages)")
+    answer: str = Field("reward_model.ground_truth", min_length=1,
+                        description="dotted column of the ground-truth answer (LaTeX for math_verify)")
+    id: str | None = Field("extra_info.index", description="dotted column of a unique non-negative integer "
+                                                           "id; None numbers rows 0, 1, ...")
+    max_chars: int = Field(20000, ge=1, description="longest question or answer accepted; longer rows are "
+                                                    "refused (they would be truncated by the prompt budget)")
+    split: str = Field("train", min_length=1, description="split to load (datasets format only)")
+    limit: int | None = Field(None, ge=1, description="keep only the first `limit` rows (quick runs)")
+
+    @property
+    def resolved_format(self) -> Format:
+        if self.format is not None:
+            return self.format
+        suffix = Path(self.path).suffix.lower()
+        if suffix == ".parquet":
+            return "parquet"
+        if suffix in (".jsonl", ".json"):
+            return "jsonl"
+        return "datasets"
+
+
+# --------------------------------------------------------------------------------------
+# reading: each source yields (row label extras, {column: [values]}) for the mapped columns
+# --------------------------------------------------------------------------------------
+
+def _walk(value: Any, parts: list[str]) -> Any:
+    """Follow dotted parts through dicts (and integer indices through lists); _MISSING if absent."""
+    for part in parts:
+        if isinstance(value, dict):
+            if part not in value:
+                return _MISSING
+            value = value[part]
+        elif isinstance(value, (list, tuple)) and part.lstrip("-").isdigit():
+            try:
+                value = value[int(part)]
+            except IndexError:
+                return _MISSING
+        else:
+            return _MISSING
+    return value
+
+
+def _arrow_columns(table, columns: list[str], name: str,
+                   all_columns: list[str] | None = None) -> dict[str, list]:
+    """Python values of dotted columns of a pyarrow table; struct fields are extracted in arrow
+    (so unused sibling fields are never converted), anything deeper is walked in Python."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out: dict[str, list] = {}
+    for col in columns:
+        parts = col.split(".")
+        if parts[0] not in table.column_names:
+            raise DatasetError(f"{name}: column {parts[0]!r} not found (for {col!r}); "
+                               f"columns: {', '.join(all_columns or table.column_names)}")
+        arr = table.column(parts[0])
+        i = 1
+        while i < len(parts) and pa.types.is_struct(arr.type):
+            fields = [arr.type.field(k).name for k in range(arr.type.num_fields)]
+            if parts[i] not in fields:
+                raise DatasetError(f"{name}: column {'.'.join(parts[:i + 1])!r} not found (for {col!r}); "
+                                   f"{'.'.join(parts[:i])} has fields: {', '.join(fields)}")
+            arr = pc.struct_field(arr, [fields.index(parts[i])])
+            i += 1
+        values = arr.to_pylist()
+        if i < len(parts):
+            values = [_walk(v, parts[i:]) if v is not None else None for v in values]
+        out[col] = values
+    return out
+
+
+def _read_parquet(spec: DatasetSpec, columns: list[str], name: str) -> _Read:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(spec.path)
+    if not path.is_file():
+        raise DatasetError(f"{spec.path}: no such parquet file")
+    tops = sorted({c.split(".")[0] for c in columns})
+    try:
+        schema_names = pq.read_schema(path).names
+        table = pq.read_table(path, columns=[t for t in tops if t in schema_names])
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(f"{spec.path}: not a readable parquet file (truncated or corrupt?): "
+                           f"{exc}") from None
+    if spec.limit is not None:
+        table = table.slice(0, spec.limit)
+    return _arrow_columns(table, columns, name, schema_names), []
+
+
+def _read_jsonl(spec: DatasetSpec, columns: list[str], name: str) -> _Read:
+    """Rows are the non-blank lines (row r is the r-th non-blank line, 0-based); a line that is not
+    UTF-8 or not a JSON object is a problem reported with its 1-based line number, and yields no row."""
+    path = Path(spec.path)
+    if not path.is_file():
+        raise DatasetError(f"{spec.path}: no such JSONL file")
+    values: dict[str, list] = {c: [] for c in columns}
+    problems: _Problems = []
+    lines: list[int] = []
+    rows: list[int] = []
+    row = -1
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            row += 1
+            if spec.limit is not None and row >= spec.limit:
+                break
+            where = f"{name} line {lineno} (row {row})"
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                byte = f"0x{raw[exc.start]:02x}"
+                problems.append((lineno, f"{where}: not valid UTF-8 (byte {byte} at column {exc.start + 1})"))
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                problems.append((lineno, f"{where}: not valid JSON ({exc.msg} at column {exc.colno})"))
+                continue
+            if not isinstance(obj, dict):
+                problems.append((lineno, f"{where}: expected a JSON object, got {type(obj).__name__}"))
+                continue
+            lines.append(lineno)
+            rows.append(row)
+            for c in columns:
+                values[c].append(_walk(obj, c.split(".")))
+    values["__line__"] = lines
+    values["__row__"] = rows
+    return values, problems
+
+
+def _hub_offline() -> bool:
+    flags = (os.environ.get("HF_HUB_OFFLINE", ""), os.environ.get("HF_DATASETS_OFFLINE", ""))
+    return any(f.strip().upper() in ("1", "ON", "YES", "TRUE") for f in flags)
+
+
+def _read_datasets(spec: DatasetSpec, columns: list[str], name: str) -> _Read:
+    """A save_to_disk folder (load_from_disk), local data files (load_dataset("parquet"/"json")),
+    a local folder of data files, or a hub name (load_dataset(name, split=...), online only)."""
+    path = Path(spec.path)
+    local = path.exists()
+    if not local and _hub_offline():
+        raise DatasetError(f"{spec.path}: not a local file or folder, and HF_HUB_OFFLINE=1 forbids "
+                           f"downloading it from the Hugging Face Hub; download it first or give a "
+                           f"local path")
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetError(f"{spec.path}: format 'datasets' needs the datasets package "
+                           f"(pip install 'datasets>=3')") from None
+    split = spec.split
+    try:
+        if path.is_dir() and ((path / "state.json").exists() or (path / "dataset_dict.json").exists()):
+            ds = datasets.load_from_disk(str(path))
+            if isinstance(ds, datasets.DatasetDict):
+                if split not in ds:
+                    raise DatasetError(f"{spec.path}: no split {split!r}; splits: {', '.join(ds)}")
+                ds = ds[split]
+        elif path.is_file():
+            builder = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}.get(path.suffix.lower())
+            if builder is None:
+                raise DatasetError(f"{spec.path}: cannot tell the file type from the suffix "
+                                   f"(expected .parquet, .jsonl or .json)")
+            ds = datasets.load_dataset(builder, data_files=str(path), split="train")
+        else:
+            ds = datasets.load_dataset(spec.path, split=split)
+    except DatasetError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - datasets raises many types; name the path
+        where = "local dataset" if local else "Hugging Face hub dataset"
+        raise DatasetError(f"{spec.path}: could not load {where} (split {split!r}): "
+                           f"{type(exc).__name__}: {exc}") from None
+    if spec.limit is not None:
+        ds = ds.select(range(min(spec.limit, len(ds))))
+    table = ds.with_format("arrow")[:]
+    return _arrow_columns(table, columns, name), []
+
+
+# --------------------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------------------
+
+def _user_content(messages: list) -> tuple[Any, str | None]:
+    """Content of the last user message of a chat-message list (verl's `prompt` column)."""
+    if not all(isinstance(m, dict) for m in messages):
+        return None, "expected a string or a list of chat messages {role, content}"
+    users = [m for m in messages if m.get("role") == "user"]
+    if not users:
+        return None, "no user message in the chat messages"
+    return users[-1].get("content", _MISSING), None
+
+
+def _check_text(value: Any, max_chars: int) -> str | None:
+    """Why a question/answer value is unusable, or None."""
+    if value is _MISSING:
+        return "missing"
+    if value is None:
+        return "null (None)"
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    if not isinstance(value, str):
+        return f"expected a string, got {type(value).__name__} {value!r:.40}"
+    if not value.strip():
+        return "empty string"
+    if len(value) > max_chars:
+        return f"{len(value)} characters, more than max_chars={max_chars}"
+    return None
+
+
+def _check_id(value: Any) -> str | None:
+    if value is _MISSING:
+        return "missing"
+    if value is None:
+        return "null (None)"
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"expected an integer id, got {type(value).__name__} {value!r:.40}"
+    if value < 0:
+        return f"id must be >= 0; got {value}"
+    return None
+
+
+def _validate(spec: DatasetSpec, values: dict[str, list], problems: _Problems, name: str) -> list[Question]:
+    lines = values.get("__line__")
+    n = len(values[spec.question])
+    row_numbers = values.get("__row__", range(n))
+    ids = values[spec.id] if spec.id is not None else list(row_numbers)
+    first_row: dict[int, int] = {}
+    out: list[Question] = []
+    for k, row in enumerate(row_numbers):
+        raw_id = ids[k]
+        id_problem = _check_id(raw_id) if spec.id is not None else None
+        where = [f"id {raw_id}"] if id_problem is None else []
+        if lines is not None:
+            where.append(f"line {lines[k]}")
+        label = f"{name} row {row}" + (f" ({', '.join(where)})" if where else "")
+        key = lines[k] if lines is not None else row
+        bad = False
+        if id_problem is not None:
+            problems.append((key, f"{label}, column {spec.id}: {id_problem}"))
+            bad = True
+        elif raw_id in first_row:
+            why = f"duplicate id {raw_id} (first at row {first_row[raw_id]})"
+            problems.append((key, f"{label}, column {spec.id}: {why}"))
+            bad = True
+        else:
+            first_row[raw_id] = row
+        question, why = values[spec.question][k], None
+        if isinstance(question, (list, tuple)):
+            question, why = _user_content(list(question))
+        why = why or _check_text(question, spec.max_chars)
+        if why is not None:
+            problems.append((key, f"{label}, column {spec.question}: {why}"))
+            bad = True
+        answer = values[spec.answer][k]
+        why = _check_text(answer, spec.max_chars)
+        if why is not None:
+            problems.append((key, f"{label}, column {spec.answer}: {why}"))
+            bad = True
+        if not bad:
+            out.append(Question(int(raw_id), question, answer))
+    return out
+
+
+def load_pool(spec: DatasetSpec | dict[str, Any] | str | os.PathLike) -> list[Question]:
+    """Read and validate every row of a dataset; return its questions in file order.
+
+    `spec` may be a :class:`DatasetSpec`, a dict of its fields, or just a path (default verl
+    mapping). Raises :class:`DatasetError` naming file, row and column for any bad row.
+    """
+    if isinstance(spec, (str, os.PathLike)):
+        spec = {"path": os.fspath(spec)}
+    if isinstance(spec, dict):
+        try:
+            spec = DatasetSpec.model_validate(spec)
+        except ValidationError as exc:
+            lines = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+            raise DatasetError("invalid dataset spec:\n  " + "\n  ".join(lines)) from None
+    fmt = spec.resolved_format
+    name = Path(spec.path).name if fmt != "datasets" or Path(spec.path).exists() else spec.path
+    columns = list(dict.fromkeys(c for c in (spec.question, spec.answer, spec.id) if c is not None))
+    reader = {"parquet": _read_parquet, "jsonl": _read_jsonl, "datasets": _read_datasets}[fmt]
+    values, problems = reader(spec, columns, name)
+    questions = _validate(spec, values, problems, name)
+    if problems:
+        problems.sort(key=lambda p: p[0])  # file order, whichever check found them
+        shown = [message for _, message in problems[:MAX_REPORTED]]
+        more = f" (first {MAX_REPORTED} shown)" if len(problems) > MAX_REPORTED else ""
+        raise DatasetError(f"{spec.path}: {len(problems)} problem{'s' if len(problems) != 1 else ''}"
+                           f"{more}:\n  " + "\n  ".join(shown))
+    if not questions:
+        raise DatasetError(f"{spec.path}: no rows")
+    return questions
+
+
+def dataset_version(questions: Iterable[Question]) -> str:
+    """Content hash of a pool (ids, prompts, answers, in order): the `data_version` tag of a run, and
+    what an embedding cache is valid for. Same as :func:`dots.data.pool_hash`, so the two never disagree."""
+    return pool_hash(list(questions))

@@ -1,0 +1,235 @@
+"""Loading real prompt pools: deepscaler parquet, the same rows as JSONL and as a `datasets` folder,
+and every kind of bad row refused up front with file, row and column named."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dots.data import Question
+from dots.datasets import DatasetError, DatasetSpec, dataset_version, load_pool
+
+DEEPSCALER = Path(__file__).resolve().parents[2] / "shared" / "data" / "deepscaler.parquet"
+
+
+@pytest.fixture(scope="module")
+def deepscaler() -> list[Question]:
+    if not DEEPSCALER.exists():
+        pytest.skip(f"{DEEPSCALER} not present")
+    start = time.perf_counter()
+    pool = load_pool(DatasetSpec(path=str(DEEPSCALER)))
+    print(f"\nloaded {len(pool)} deepscaler rows in {time.perf_counter() - start:.2f}s")
+    return pool
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    """The first 200 deepscaler rows as plain dicts (verl layout)."""
+    if not DEEPSCALER.exists():
+        pytest.skip(f"{DEEPSCALER} not present")
+    import pyarrow.parquet as pq
+
+    return pq.read_table(DEEPSCALER).slice(0, 200).to_pylist()
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def write_parquet(path: Path, rows: list[dict]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_deepscaler_parquet(deepscaler):
+    assert len(deepscaler) == 10240
+    assert [q.id for q in deepscaler] == list(range(10240))
+    assert all(q.prompt.strip() and q.answer.strip() for q in deepscaler)
+    assert deepscaler[0].answer == "-\\frac{\\sqrt{3}}{3}"
+    assert deepscaler[0].prompt.startswith("Calculate the limit of the function")
+    assert all(q.tier == -1 for q in deepscaler)
+
+
+def test_prompt_column_of_chat_messages_gives_the_user_turn(deepscaler):
+    """verl's `prompt` column holds [system, user] messages; its user turn is the raw question."""
+    via_messages = load_pool({"path": str(DEEPSCALER), "question": "prompt", "limit": 300})
+    assert via_messages == deepscaler[:300]
+
+
+def test_jsonl_and_datasets_folder_load_identically(rows, tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    expected = load_pool({"path": str(DEEPSCALER), "limit": 200})
+    assert len(expected) == 200
+
+    jsonl = write_jsonl(tmp_path / "rows.jsonl", rows)
+    assert load_pool({"path": str(jsonl)}) == expected  # format inferred from the suffix
+    assert load_pool({"path": str(jsonl), "format": "jsonl", "question": "prompt"}) == expected
+
+    folder = tmp_path / "saved"
+    datasets.Dataset.from_list(rows).save_to_disk(str(folder))
+    assert load_pool({"path": str(folder), "format": "datasets"}) == expected
+    assert load_pool({"path": str(folder)}) == expected  # a folder: the datasets library
+    # local data files through datasets.load_dataset
+    assert load_pool({"path": str(jsonl), "format": "datasets"}) == expected
+    parquet = write_parquet(tmp_path / "rows.parquet", rows)
+    assert load_pool({"path": str(parquet), "format": "datasets"}) == expected
+    assert load_pool({"path": str(parquet), "format": "datasets", "limit": 5}) == expected[:5]
+    # a saved DatasetDict: the split is chosen by `split`
+    full = datasets.Dataset.from_list(rows)
+    splits = tmp_path / "splits"
+    datasets.DatasetDict({"train": full, "test": full.select(range(10))}).save_to_disk(str(splits))
+    assert load_pool({"path": str(splits), "split": "test"}) == expected[:10]
+    with pytest.raises(DatasetError, match="no split 'validation'; splits: train, test"):
+        load_pool({"path": str(splits), "split": "validation"})
+
+
+def test_flat_jsonl_mapping_and_row_numbered_ids(tmp_path):
+    path = write_jsonl(tmp_path / "flat.jsonl", [{"problem": "1+1?", "solution": "2"},
+                                                  {"problem": "2+2?", "solution": "4"}])
+    got = load_pool({"path": str(path), "question": "problem", "answer": "solution", "id": None})
+    assert got == [Question(0, "1+1?", "2"), Question(1, "2+2?", "4")]
+
+
+def _bad(rows: list[dict], row: int, changes: dict) -> list[dict]:
+    """A copy of rows where row `row` has dotted keys changed (value `...` deletes the key)."""
+    rows = json.loads(json.dumps(rows))
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        node = rows[row]
+        for p in parents:
+            node = node[p]
+        if value is ...:
+            del node[last]
+        else:
+            node[last] = value
+    return rows
+
+
+GT, Q, ID = "reward_model.ground_truth", "extra_info.question", "extra_info.index"
+BAD_ROWS = [
+    ("missing field", {GT: ...}, f"column {GT}: missing"),
+    ("empty string", {GT: "  "}, f"column {GT}: empty string"),
+    ("wrong type", {GT: 42}, f"column {GT}: expected a string, got int 42"),
+    ("None", {Q: None}, f"column {Q}: null"),
+    ("NaN", {Q: math.nan}, f"column {Q}: NaN"),
+    ("too long", {Q: "x" * 20001}, f"column {Q}: 20001 characters, more than max_chars=20000"),
+    ("non-integer id", {ID: "17"}, f"column {ID}: expected an integer id"),
+    ("missing id", {ID: ...}, f"column {ID}: missing"),
+]
+
+
+@pytest.mark.parametrize("what,changes,message", BAD_ROWS, ids=[b[0] for b in BAD_ROWS])
+def test_bad_jsonl_row_names_row_and_column(rows, tmp_path, what, changes, message):
+    path = write_jsonl(tmp_path / "bad.jsonl", _bad(rows, 17, changes))
+    with pytest.raises(DatasetError) as err:
+        load_pool({"path": str(path)})
+    text = str(err.value)
+    assert "bad.jsonl row 17" in text and "line 18" in text and message in text, text
+    assert "1 problem" in text
+
+
+PARQUET_BAD = [
+    ("empty string", "reward_model.ground_truth", "  ", "empty string"),
+    ("None", "extra_info.question", None, "null (None)"),
+    ("too long", "extra_info.question", "x" * 20001, "20001 characters, more than max_chars=20000"),
+    # parquet columns are typed: the wrong type / NaN cases make the whole column numeric
+    ("wrong type", "reward_model.ground_truth", 42, "expected a string, got int 42"),
+    ("NaN", "reward_model.ground_truth", math.nan, "NaN"),
+]
+
+
+@pytest.mark.parametrize("what,column,value,message", PARQUET_BAD, ids=[b[0] for b in PARQUET_BAD])
+def test_bad_parquet_row_names_row_id_and_column(rows, tmp_path, what, column, value, message):
+    bad = json.loads(json.dumps(rows))
+    top, field = column.split(".")
+    if isinstance(value, (int, float)):
+        for i, r in enumerate(bad):
+            r[top][field] = float(i) if isinstance(value, float) else i
+    bad[17][top][field] = value
+    path = write_parquet(tmp_path / "bad.parquet", bad)
+    with pytest.raises(DatasetError) as err:
+        load_pool({"path": str(path)})
+    assert f"bad.parquet row 17 (id 17), column {column}: {message}" in str(err.value), str(err.value)
+
+
+def test_duplicate_and_many_problems_reported_together(rows, tmp_path):
+    bad = json.loads(json.dumps(rows))
+    bad[5]["extra_info"]["index"] = 3
+    for i in range(30, 60):
+        bad[i]["reward_model"]["ground_truth"] = ""
+    path = write_parquet(tmp_path / "many.parquet", bad)
+    with pytest.raises(DatasetError) as err:
+        load_pool({"path": str(path)})
+    text = str(err.value)
+    assert "31 problems (first 20 shown)" in text
+    assert "many.parquet row 5 (id 3), column extra_info.index: duplicate id 3 (first at row 3)" in text
+    assert "many.parquet row 30 (id 30), column reward_model.ground_truth: empty string" in text
+    assert "row 59" not in text  # beyond the first 20
+
+
+def test_missing_parquet_column_named(rows, tmp_path):
+    path = write_parquet(tmp_path / "cols.parquet", rows)
+    with pytest.raises(DatasetError, match="column .solution. not found.*columns: data_source, prompt"):
+        load_pool({"path": str(path), "answer": "solution"})
+    with pytest.raises(DatasetError, match="column 'reward_model.truth' not found.*ground_truth, style"):
+        load_pool({"path": str(path), "answer": "reward_model.truth"})
+
+
+def test_non_utf8_and_invalid_json_lines(rows, tmp_path):
+    path = tmp_path / "enc.jsonl"
+    lines = [json.dumps(r).encode() for r in rows[:10]]
+    lines[3] = lines[3][:20] + b"\xff" + lines[3][20:]  # inside the data_source string
+    lines[6] = b'{"not": json'
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(DatasetError) as err:
+        load_pool({"path": str(path)})
+    text = str(err.value)
+    assert "enc.jsonl line 4 (row 3): not valid UTF-8" in text, text
+    assert "enc.jsonl line 7 (row 6): not valid JSON" in text, text
+
+
+def test_truncated_parquet_is_a_clear_error(tmp_path):
+    if not DEEPSCALER.exists():
+        pytest.skip(f"{DEEPSCALER} not present")
+    data = DEEPSCALER.read_bytes()
+    path = tmp_path / "truncated.parquet"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DatasetError, match="truncated.parquet: not a readable parquet file"):
+        load_pool({"path": str(path)})
+    with pytest.raises(DatasetError, match="no such parquet file"):
+        load_pool({"path": str(tmp_path / "absent.parquet")})
+
+
+def test_hub_name_offline_is_a_clear_error():
+    import os
+
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"  # set by conftest
+    with pytest.raises(DatasetError, match="agentica-org/DeepScaleR-Preview-Dataset: not a local file or "
+                                           "folder, and HF_HUB_OFFLINE=1"):
+        load_pool({"path": "agentica-org/DeepScaleR-Preview-Dataset", "format": "datasets"})
+
+
+def test_bad_spec_refused():
+    with pytest.raises(DatasetError, match="format"):
+        load_pool({"path": "x.parquet", "format": "csv"})
+    with pytest.raises(DatasetError, match="max_chars"):
+        load_pool({"path": "x.parquet", "max_chars": 0})
+
+
+def test_dataset_version_tracks_content(deepscaler):
+    version = dataset_version(deepscaler)
+    assert version == dataset_version(list(deepscaler))
+    changed = list(deepscaler)
+    changed[123] = replace(changed[123], answer=changed[123].answer + "0")
+    assert dataset_version(changed) != version
+    assert dataset_version(deepscaler[:-1]) != version

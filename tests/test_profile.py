@@ -1,0 +1,77 @@
+"""The GPU profile's path, run on the CPU: a pool loaded from a dataset file, a pretrained
+policy (a saved model folder standing in for a hub model), an `hf:` embedding backbone, the
+chat-free plain template, and the whole stage chain through training."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from dots import stages
+from dots.config import ConfigError, load_config
+from dots.models import build_model, build_tokenizer, save_policy
+
+from .conftest import REPO
+from .test_cli import SMALL
+
+
+def test_the_gpu_profile_config_is_valid_and_has_the_papers_settings():
+    cfg = load_config(REPO / "configs" / "qwen2.5-math-1.5b-deepscaler.yaml")
+    assert cfg.model.pretrained == "Qwen/Qwen2.5-Math-1.5B" and cfg.model.dtype == "bfloat16"
+    assert cfg.embed.backbone == "hf:Qwen/Qwen2.5-Math-1.5B-Instruct"
+    assert cfg.task.source == "dataset" and cfg.task.dataset["path"].endswith("deepscaler.parquet")
+    assert (cfg.train.batch_size, cfg.rollout.group_size, cfg.selection.ref_size) == (512, 8, 256)
+    assert (cfg.replay.delta, cfg.replay.capacity, cfg.selection.alpha) == (0.5, 512, 0.5)
+    assert (cfg.train.lr, cfg.loss.clip_eps, cfg.rollout.temperature) == (1e-6, 0.2, 0.6)
+    assert cfg.rollout.max_new_tokens == 3072 and cfg.rollout.engine == "vllm"
+    assert cfg.reward.name == "math_verify" and cfg.task.prompt_template == "chat"
+
+
+def test_pretrained_policy_needs_a_real_backbone_and_final_labels():
+    with pytest.raises(ConfigError, match="embed.backbone"):
+        load_config(None, ["model.pretrained=some/model", "label.policies=[final]"])
+    with pytest.raises(ConfigError, match="label.policies"):
+        load_config(None, ["model.pretrained=some/model", "embed.backbone=hf:some/model"])
+
+
+def test_dataset_pool_and_pretrained_policy_run_the_stage_chain(tmp_path):
+    # a "pretrained" policy: any saved causal LM folder works like a hub name
+    tok = build_tokenizer()
+    small = load_config(None, SMALL)
+    save_policy(build_model(small.model, tok), tok, tmp_path / "pretrained")
+    rows = [{"qid": i, "q": f"{i % 50}+{i % 7}=", "a": str(i % 50 + i % 7)[::-1]} for i in range(400)]
+    (tmp_path / "pool.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dataset = {"path": str(tmp_path / "pool.jsonl"), "format": "jsonl", "question": "q", "answer": "a", "id": "qid"}
+    cfg = load_config(None, SMALL + [
+        f"paths.root={tmp_path / 'artifacts'}", "task.source=dataset", f"task.dataset={json.dumps(dataset)}",
+        "task.eval_size=64", f"model.pretrained={tmp_path / 'pretrained'}",
+        f"embed.backbone=hf:{tmp_path / 'pretrained'}", "label.policies=[final]", "label.num_questions=128",
+        "tracking.enabled=false", "train.steps=2", "eval.every=2"])
+    info = stages.prepare(cfg)
+    assert info == {"pool": 336, "eval": 64}
+    pool, held = stages.load_data(cfg)
+    assert {q.id for q in pool}.isdisjoint({q.id for q in held})
+    assert stages.run_warmup(cfg)["steps"] == 0  # nothing to warm up: the spectrum of the pretrained policy
+    assert not (stages.paths(cfg).warmup / "final").exists()
+    stages.embed(cfg)
+    stages.label(cfg)
+    stages.fit(cfg)
+    for method in ("grpo", "dots_rr"):
+        summary = stages.train(cfg, method)
+        assert summary["steps"] == 2
+
+
+def test_a_bad_dataset_row_stops_prepare_before_any_model_loads(tmp_path):
+    rows = [{"qid": i, "q": f"{i}+1=", "a": str(i + 1)[::-1]} for i in range(40)]
+    rows[1]["q"] = ""
+    (tmp_path / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dataset = {"path": str(tmp_path / "bad.jsonl"), "format": "jsonl", "question": "q", "answer": "a", "id": "qid"}
+    cfg = load_config(None, SMALL + [f"paths.root={tmp_path / 'artifacts'}", "task.source=dataset",
+                                     f"task.dataset={json.dumps(dataset)}", "task.eval_size=16"])
+    from dots.datasets import DatasetError
+
+    with pytest.raises(DatasetError, match="row 1"):
+        stages.prepare(cfg)
+    assert not (tmp_path / "artifacts").exists()  # nothing written
