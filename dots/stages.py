@@ -253,6 +253,9 @@ def train(cfg: Config, method: str | None = None, resume: bool = True) -> dict:
             logger.catch_up(trainer.records)
         result = trainer.run()
     s = result.summary
+    if trainer.device.type == "cuda":
+        s["gpu_peak_memory_gb"] = torch.cuda.max_memory_allocated(trainer.device) / 2**30
+        _write_json(p.run(method) / "summary.json", s)
     if logger is not None:
         logger.finish(s, result.evals)
         s["tracking_s"] = logger.seconds
