@@ -255,14 +255,22 @@ def _user_content(messages: list) -> tuple[Any, str | None]:
     return users[-1].get("content", _MISSING), None
 
 
-def _check_text(value: Any, max_chars: int) -> str | None:
-    """Why a question/answer value is unusable, or None."""
+def _check_present(value: Any) -> str | None:
+    """Why a value is absent (missing, None, NaN), or None when it is there."""
     if value is _MISSING:
         return "missing"
     if value is None:
         return "null (None)"
     if isinstance(value, float) and math.isnan(value):
         return "NaN"
+    return None
+
+
+def _check_text(value: Any, max_chars: int) -> str | None:
+    """Why a question/answer value is unusable, or None."""
+    absent = _check_present(value)
+    if absent:
+        return absent
     if not isinstance(value, str):
         return f"expected a string, got {type(value).__name__} {value!r:.40}"
     if not value.strip():
@@ -273,12 +281,9 @@ def _check_text(value: Any, max_chars: int) -> str | None:
 
 
 def _check_id(value: Any) -> str | None:
-    if value is _MISSING:
-        return "missing"
-    if value is None:
-        return "null (None)"
-    if isinstance(value, float) and math.isnan(value):
-        return "NaN"
+    absent = _check_present(value)
+    if absent:
+        return absent
     if isinstance(value, bool) or not isinstance(value, int):
         return f"expected an integer id, got {type(value).__name__} {value!r:.40}"
     if value < 0:
