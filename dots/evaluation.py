@@ -26,6 +26,8 @@ class TaskIO:
     template: str = "plain"
     system: str | None = None
     reward: Callable[[str, str], float] = exact_match
+    # scores a whole step's responses in one call (math-verify spreads them over its worker pool)
+    batch_reward: Callable[[list[str], list[str]], list[float]] | None = None
 
     def encode(self, tokenizer, questions: list[Question]) -> list[list[int]]:
         if self.template == "chat":
@@ -40,9 +42,16 @@ class TaskIO:
 
     def score(self, groups: list[Group], questions: list[Question]) -> None:
         """Fill each group's rewards in place (group i answers questions[i])."""
-        for g, q in zip(groups, questions):
+        if self.batch_reward is not None:
+            texts = [t for g in groups for t in g.texts]
+            answers = [q.answer for g, q in zip(groups, questions) for _ in g.texts]
+            flat = iter(self.batch_reward(texts, answers))
+            scores = [[next(flat) for _ in g.texts] for g in groups]
+        else:
+            scores = [[self.reward(t, q.answer) for t in g.texts] for g, q in zip(groups, questions)]
+        for g, q, sc in zip(groups, questions, scores):
             g.question_id = q.id
-            g.rewards = torch.tensor([self.reward(t, q.answer) for t in g.texts], dtype=torch.float32)
+            g.rewards = torch.tensor(sc, dtype=torch.float32)
 
 
 PLAIN = TaskIO()
@@ -52,11 +61,15 @@ def task_io(cfg) -> TaskIO:
     from .rewards import get_reward  # noqa: PLC0415
 
     reward = get_reward(cfg.reward.name)
+    batch = None
     if cfg.reward.name == "math_verify":
+        from .rewards import math_verify_rewards  # noqa: PLC0415
+
         timeout = cfg.reward.timeout_s
         base = reward
         reward = lambda text, answer: base(text, answer, timeout_s=timeout)  # noqa: E731
-    return TaskIO(cfg.task.prompt_template, cfg.task.system_prompt, reward)
+        batch = lambda texts, answers: math_verify_rewards(texts, answers, timeout)  # noqa: E731
+    return TaskIO(cfg.task.prompt_template, cfg.task.system_prompt, reward, batch)
 
 
 def encode_prompts(tokenizer, questions: list[Question]) -> list[list[int]]:

@@ -75,3 +75,22 @@ def test_a_bad_dataset_row_stops_prepare_before_any_model_loads(tmp_path):
     with pytest.raises(DatasetError, match="row 1"):
         stages.prepare(cfg)
     assert not (tmp_path / "artifacts").exists()  # nothing written
+
+
+def test_math_verify_scores_a_whole_step_in_one_batch():
+    """The GPU profile's scoring path: groups scored through the batched math-verify pool."""
+    import torch
+
+    from dots.data import Question
+    from dots.evaluation import task_io
+    from dots.rollout import Group
+
+    cfg = load_config(REPO / "configs" / "qwen2.5-math-1.5b-deepscaler.yaml")
+    io = task_io(cfg)
+    assert io.batch_reward is not None
+    qs = [Question(0, "1/2 + 1/4 = ?", "\\frac{3}{4}"), Question(1, "2^{10} = ?", "1024")]
+    texts = [["so \\boxed{0.75}", "\\boxed{\\frac{1}{2}}"], ["\\boxed{1024}", "\\boxed{1000}"]]
+    groups = [Group(i, torch.tensor([1]), torch.zeros((2, 1), dtype=torch.long), torch.ones((2, 1), dtype=torch.bool),
+                    torch.zeros((2, 1)), t) for i, t in enumerate(texts)]
+    io.score(groups, qs)
+    assert [g.rewards.tolist() for g in groups] == [[1.0, 0.0], [1.0, 0.0]]
