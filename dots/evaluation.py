@@ -72,14 +72,6 @@ def task_io(cfg) -> TaskIO:
     return TaskIO(cfg.task.prompt_template, cfg.task.system_prompt, reward, batch)
 
 
-def encode_prompts(tokenizer, questions: list[Question]) -> list[list[int]]:
-    return PLAIN.encode(tokenizer, questions)
-
-
-def score(groups: list[Group], questions: list[Question], reward=exact_match) -> None:
-    TaskIO(reward=reward).score(groups, questions)
-
-
 def greedy_accuracy(engine: RolloutEngine, tokenizer, questions: list[Question], max_new_tokens: int,
                     batch_size: int = 1024, io: TaskIO = PLAIN) -> float:
     correct = 0
