@@ -253,12 +253,14 @@ def train(cfg: Config, method: str | None = None, resume: bool = True) -> dict:
             logger.catch_up(trainer.records)
         result = trainer.run()
     s = result.summary
+    extra = {}
     if trainer.device.type == "cuda":
-        s["gpu_peak_memory_gb"] = torch.cuda.max_memory_allocated(trainer.device) / 2**30
-        _write_json(p.run(method) / "summary.json", s)
+        extra["gpu_peak_memory_gb"] = torch.cuda.max_memory_allocated(trainer.device) / 2**30
     if logger is not None:
         logger.finish(s, result.evals)
-        s["tracking_s"] = logger.seconds
+        extra["tracking_s"] = logger.seconds
+    if extra:  # figures known only after the run files were written: one more write of the summary
+        s.update(extra)
         _write_json(p.run(method) / "summary.json", s)
     say(f"train {method}: final accuracy {s['final_accuracy']:.3f} (from {s['initial_accuracy']:.3f}) after "
         f"{s['steps']} steps, {s['elapsed_s']:.0f}s training clock")

@@ -64,6 +64,7 @@ def test_save_load_round_trip_and_hash(tmp_path):
 def test_exact_match():
     assert exact_match("624", "624") == 1.0
     assert exact_match(" 62 4\n", "624") == 1.0
+    assert exact_match(" 6 2\n4 ", "624") == 1.0
     assert exact_match("6240", "624") == 0.0
     assert exact_match("", "624") == 0.0
     assert get_reward("exact_match") is exact_match

@@ -21,7 +21,6 @@ from dots.rewards import (
     REWARDS,
     MathVerifyPool,
     RewardUnavailable,
-    exact_match,
     get_reward,
     latex_answer,
     math_verify_reward,
@@ -31,12 +30,6 @@ from dots.rewards import (
 DEEPSCALER = Path(__file__).resolve().parents[2] / "shared" / "data" / "deepscaler.parquet"
 
 
-def test_exact_match_unchanged():
-    assert exact_match("624", "624") == 1.0
-    assert exact_match(" 6 2\n4 ", "624") == 1.0
-    assert exact_match("6240", "624") == 0.0
-    assert exact_match("", "624") == 0.0
-    assert get_reward("exact_match") is exact_match
 
 
 def test_registry():
