@@ -2,6 +2,7 @@
 #   make run    venv + install + the Prefect pipeline flow over the DVC stages:
 #               prepare → warm-up → embed → label → fit predictor → train grpo, dots_rr → compare
 #   make test   venv + install + pytest
+#   make bench  grpo, dots, rr, dots_rr over 3 seeds, interleaved -> results/bench (BENCH_ARGS: -S style overrides)
 #   make serve  serve the Prefect deployments locally (cron + event-triggered)
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,7 +14,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: install run test serve ui clean
+.PHONY: install run test bench serve ui clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +27,9 @@ install: $(BIN)/.installed
 
 run: install
 	$(BIN)/python -m flows.pipeline
+
+bench: install
+	$(BIN)/python -m flows.bench $(BENCH_ARGS)
 
 serve: install
 	$(BIN)/python -m flows.serve

@@ -31,9 +31,9 @@ class Question:
     tier: int = -1
 
 
-def render(numbers: list[int]) -> tuple[str, str]:
-    """Prompt and (reversed) answer for a list of operands."""
-    return "+".join(str(n) for n in numbers) + "=", str(sum(numbers))[::-1]
+def render(numbers: list[int], width: int = 0) -> tuple[str, str]:
+    """Prompt and (reversed) answer for a list of operands, each zero-padded to `width` digits."""
+    return "+".join(str(n).zfill(width) for n in numbers) + "=", str(sum(numbers))[::-1]
 
 
 def _tier_capacity(tier: Tier) -> int:
@@ -61,14 +61,15 @@ def _tier_counts(tiers: list[Tier], total: int) -> list[int]:
     return counts
 
 
-def _sample_tier(rng: np.random.Generator, tier: Tier, n: int, seen: set[str]) -> list[tuple[str, str]]:
+def _sample_tier(rng: np.random.Generator, tier: Tier, n: int, seen: set[str],
+                 width: int = 0) -> list[tuple[str, str]]:
     lo = 0 if tier.digits == 1 else 10 ** (tier.digits - 1)
     hi = 10 ** tier.digits
     out: list[tuple[str, str]] = []
     while len(out) < n:
         numbers = rng.integers(lo, hi, size=(n - len(out), tier.operands))
         for row in numbers:
-            prompt, answer = render([int(x) for x in row])
+            prompt, answer = render([int(x) for x in row], width)
             if prompt not in seen:
                 seen.add(prompt)
                 out.append((prompt, answer))
@@ -84,7 +85,7 @@ def generate(task: TaskConfig) -> tuple[list[Question], list[Question]]:
     seen: set[str] = set()
     items: list[tuple[str, str, int]] = []
     for t, (tier, count) in enumerate(zip(task.tiers, _tier_counts(task.tiers, total))):
-        items.extend((p, a, t) for p, a in _sample_tier(rng, tier, count, seen))
+        items.extend((p, a, t) for p, a in _sample_tier(rng, tier, count, seen, task.pad_width))
     order = rng.permutation(len(items))
     items = [items[i] for i in order]
     pool = [Question(i, p, a, t) for i, (p, a, t) in enumerate(items[: task.pool_size])]

@@ -29,7 +29,8 @@ def sample_batch(rng: np.random.Generator, cfg: Config, n: int) -> list[tuple[st
     for i in picks:
         t = tiers[int(i)]
         lo = 0 if t.digits == 1 else 10 ** (t.digits - 1)
-        out.append(render([int(x) for x in rng.integers(lo, 10 ** t.digits, size=t.operands)]))
+        out.append(render([int(x) for x in rng.integers(lo, 10 ** t.digits, size=t.operands)],
+                          cfg.task.pad_width))
     return out
 
 

@@ -70,3 +70,25 @@ def test_exact_match():
     assert get_reward("exact_match") is exact_match
     with pytest.raises(ValueError, match="exact_match"):
         get_reward("f1")
+
+
+def test_padded_operands_keep_one_layout_and_the_same_answer():
+    from dots.config import load_config
+    from dots.data import generate, render
+
+    assert render([7, 45], 4) == ("0007+0045=", "25")
+    cfg = load_config(None, ["task.pool_size=4096", "task.eval_size=16", "task.pad_width=4"])
+    pool, _ = generate(cfg.task)
+    for q in pool:
+        operands = q.prompt[:-1].split("+")
+        assert all(len(o) == 4 for o in operands), q.prompt
+        assert str(sum(int(o) for o in operands))[::-1] == q.answer
+
+
+def test_a_pad_narrower_than_a_tier_is_refused():
+    import pytest
+
+    from dots.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="task.pad_width"):
+        load_config(None, ["task.pad_width=2"])

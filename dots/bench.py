@@ -1,0 +1,336 @@
+"""The side-by-side benchmark (`make bench`): grpo, dots, rr and dots_rr on the embedded
+default over several seeds, interleaved, with one summary, one table and one plot.
+
+Why it is built this way:
+- Every method shares the model, pool, warm-up, predictor, batch size, learning rate and
+  step budget: the shared stages run once, then only `train.seed` and `train.method` vary.
+- Runs are interleaved seed by seed, and the method order rotates with the seed, so that
+  drift of a shared, noisy machine hits every method alike.
+- The target of seed s is grpo's final accuracy at its step budget with seed s (the
+  paper's definition); each method's time-to-target is read against its own seed's target
+  and the ratio to grpo is taken seed by seed, then the median over seeds is reported.
+- A run that already finished with the same config is read back, not re-trained, and an
+  interrupted one resumes from its checkpoint, so a killed bench loses at most one run's
+  progress since its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from .atomic import write_text
+from .config import METHODS, Config, apply_overrides
+from .progress import say
+from .runfiles import json_safe
+from .trainer import time_to_target
+
+RESULTS = Path("results/bench")
+SHARED_SECTIONS = ("task", "model", "warmup", "embed", "label", "predictor", "rollout", "selection.ref_size")
+SPLIT = ("rollout", "update", "select")
+BENCH_EXCLUDE = ("paths", "train.method", "train.methods", "train.seed", "train.threads", "tracking")
+
+
+def bench_config(cfg: Config) -> Config:
+    """The benchmark keeps its own workspace, `<paths.root>/bench`, beside the pipeline's."""
+    return Config.model_validate(apply_overrides(cfg.model_dump(), [f"paths.root={cfg.root / 'bench'}"]))
+
+
+def seed_config(cfg: Config, seed: int) -> Config:
+    return Config.model_validate(apply_overrides(cfg.model_dump(), [f"train.seed={seed}"]))
+
+
+def run_order(methods: list[str], seeds: list[int]) -> list[tuple[int, str]]:
+    """Seed by seed, with the method order rotated by one each seed."""
+    out = []
+    for i, seed in enumerate(seeds):
+        k = i % len(methods)
+        out.extend((seed, m) for m in methods[k:] + methods[:k])
+    return out
+
+
+def _shared_key(cfg: Config) -> str:
+    keep = {k: v for k, v in cfg.flat().items() if any(k == s or k.startswith(s + ".") for s in SHARED_SECTIONS)}
+    return json.dumps(keep, sort_keys=True, default=str)
+
+
+def prepare_shared(cfg: Config) -> dict:
+    """Data, warm-up, embeddings, labels and predictor, once for every run (kept when current)."""
+    from . import stages  # noqa: PLC0415
+
+    marker = cfg.root / "shared.json"
+    key = _shared_key(cfg)
+    if marker.exists() and json.loads(marker.read_text()).get("key") == key and stages.paths(cfg).predictor.exists():
+        say(f"bench: shared stages under {cfg.root} are current; reusing them")
+        return json.loads(marker.read_text())["info"]
+    info = {"prepare": stages.prepare(cfg), "warmup": stages.run_warmup(cfg), "embed": stages.embed(cfg),
+            "label": stages.label(cfg), "predictor": stages.fit(cfg)}
+    write_text(marker, json.dumps(json_safe({"key": key, "info": info}), indent=1))
+    return info
+
+
+def run_dirs(cfg: Config, seed: int, method: str) -> tuple[Path, Path]:
+    return cfg.root / "runs" / method / f"seed{seed}", cfg.root / "checkpoints" / method / f"seed{seed}"
+
+
+def train_one(cfg: Config, seed: int, method: str) -> dict:
+    """One (seed, method) run; a finished run with the same config is read back instead."""
+    from . import stages  # noqa: PLC0415
+
+    scfg = seed_config(cfg, seed)
+    run_dir, ckpt = run_dirs(cfg, seed, method)
+    done = run_dir / "summary.json"
+    fp = scfg.fingerprint(("paths", "train.method", "train.methods", "tracking"))
+    if done.exists() and json.loads(done.read_text()).get("bench_fingerprint") == fp:
+        say(f"bench: {method} seed {seed} already finished; reading it back")
+        return json.loads(done.read_text())
+    summary = stages.train(scfg, method, resume=True, run_dir=run_dir, checkpoint_dir=ckpt, seed_tag=seed)
+    summary["bench_fingerprint"] = fp
+    write_text(done, json.dumps(json_safe(summary), indent=1))
+    return summary
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines() if line]
+
+
+def _mean(records: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in records if r.get(key) is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def run_row(cfg: Config, seed: int, method: str, target: float | None) -> dict:
+    run_dir, _ = run_dirs(cfg, seed, method)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    evals = json.loads((run_dir / "evals.json").read_text())
+    recs = _records(run_dir)
+    tts, sts = time_to_target(evals, target)
+    row = {"method": method, "seed": seed, "target_accuracy": target, "time_to_target_s": tts,
+           "steps_to_target": sts, "final_accuracy": summary["final_accuracy"],
+           "best_accuracy": max(e["accuracy"] for e in evals), "elapsed_s": summary["elapsed_s"],
+           "step_s": _mean(recs, "time/step_s"), "effective_ratio": _mean(recs, "train/effective_ratio"),
+           "staleness": _mean(recs, "replay/staleness_mean"), "dots_pearson": _mean(recs, "dots/pearson"),
+           "wall_s": summary.get("wall_s"), "tracking_s": summary.get("tracking_s"),
+           "orchestration_s": summary.get("orchestration_s")}
+    for part in SPLIT:
+        row[f"{part}_s"] = _mean(recs, f"time/{part}_s")
+    row["other_s"] = row["step_s"] - sum(row[f"{p}_s"] for p in SPLIT) if row["step_s"] is not None else None
+    return row
+
+
+def _median(vals: list) -> float | None:
+    vals = [v for v in vals if v is not None]
+    return float(np.median(vals)) if vals else None
+
+
+def _spread(vals: list) -> list | None:
+    vals = [v for v in vals if v is not None]
+    return [float(min(vals)), float(max(vals))] if vals else None
+
+
+MEDIAN_KEYS = ("time_to_target_s", "steps_to_target", "final_accuracy", "step_s", "rollout_s", "update_s",
+               "select_s", "other_s", "effective_ratio", "staleness", "dots_pearson")
+
+
+def _paired_ratio(mine: float | None, base: float | None) -> float | None:
+    """mine / base for one seed; a run that never reaches the target counts as infinitely slow
+    (so it weighs in the median), and a target already met at step 0 by both is a tie."""
+    if base is None:
+        return None
+    if mine is None:
+        return float("inf")
+    if base == 0:
+        return 1.0 if mine == 0 else float("inf")
+    return mine / base
+
+
+def summarize(rows: list[dict], methods: list[str]) -> dict:
+    """Per method: medians over seeds, their min–max spread, and seed-paired ratios to grpo."""
+    grpo = {r["seed"]: r for r in rows if r["method"] == "grpo"}
+    out: dict[str, dict] = {}
+    for m in methods:
+        mine = [r for r in rows if r["method"] == m]
+        stats: dict = {"seeds": [r["seed"] for r in mine],
+                       "reached_target": sum(r["time_to_target_s"] is not None for r in mine)}
+        for k in MEDIAN_KEYS:
+            stats[k] = _median([r[k] for r in mine])
+            stats[f"{k}_spread"] = _spread([r[k] for r in mine])
+        for key, name in (("time_to_target_s", "time_to_target_ratio"), ("steps_to_target", "steps_to_target_ratio")):
+            ratios = [_paired_ratio(r[key], grpo[r["seed"]][key] if r["seed"] in grpo else None) for r in mine]
+            ratios = [x for x in ratios if x is not None]
+            stats[name] = float(np.median(ratios)) if ratios else None
+            stats[f"{name}_per_seed"] = ratios
+        out[m] = stats
+    return out
+
+
+def predictor_round_seconds(dataset: str | Path, dim: int = 1536, ref_size: int = 256, hidden: int = 128,
+                            repeats: int = 30, threads: int = 2) -> dict:
+    """Seconds of one DOTS prediction round over a real pool's size, keys cached.
+
+    The embeddings' values do not change the cost, only their shape: the questions of
+    `dataset` are counted and given random `dim`-wide embeddings (1536 = Qwen2.5-Math-1.5B).
+    """
+    import pyarrow.parquet as pq  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    from .predictor import DifficultyPredictor  # noqa: PLC0415
+
+    torch.set_num_threads(threads)
+    n = pq.ParquetFile(dataset).metadata.num_rows
+    gen = torch.Generator().manual_seed(0)
+    emb = torch.randn(n, dim, generator=gen)
+    predictor = DifficultyPredictor(dim, hidden).eval()
+    t = time.perf_counter()
+    proj = predictor.project_pool(emb)
+    project_s = time.perf_counter() - t
+    rng = np.random.default_rng(0)
+    times = []
+    for _ in range(repeats):
+        refs = rng.choice(n, size=ref_size, replace=False)
+        labels = rng.random(ref_size)
+        t = time.perf_counter()
+        predictor.predict_projected(proj, refs, labels)
+        times.append(time.perf_counter() - t)
+    return {"questions": n, "dim": dim, "ref_size": ref_size, "round_s": float(np.median(times)),
+            "round_s_max": float(np.max(times)), "project_once_s": project_s, "threads": threads}
+
+
+def goals(summary: dict, cfg: Config, predictor_round: dict | None, rows: list[dict]) -> list[dict]:
+    """Where each goal of the benchmark issue stands on this run."""
+    def goal(name, value, target, met, detail=""):
+        return {"goal": name, "value": value, "target": target, "met": bool(met) if value is not None else False,
+                "detail": detail}
+
+    out = []
+    d = summary.get("dots_rr", {})
+    ratio = d.get("time_to_target_ratio")
+    out.append(goal("dots_rr time-to-target / grpo (median over seeds)", ratio, "<= 0.5",
+                    ratio is not None and ratio <= 0.5))
+    pear = _median([summary.get(m, {}).get("dots_pearson") for m in ("dots", "dots_rr")])
+    out.append(goal("dots/pearson (median of dots, dots_rr)", pear, ">= 0.8", pear is not None and pear >= 0.8))
+    g, dd = summary.get("grpo", {}), summary.get("dots", {})
+    share = (dd["effective_ratio"] / g["effective_ratio"]) if g.get("effective_ratio") and dd.get(
+        "effective_ratio") is not None else None
+    out.append(goal("dots effective-question share / grpo's", share, ">= 1.4", share is not None and share >= 1.4))
+    rr = summary.get("rr", {})
+    saving = limit = None
+    if g.get("step_s") and rr.get("step_s") is not None and g.get("rollout_s") is not None:
+        saving = 1 - rr["step_s"] / g["step_s"]
+        limit = (1 - cfg.replay.delta) * g["rollout_s"] / g["step_s"]
+    out.append(goal("rr per-step saving / its limit (1-delta) x rollout share", None if saving is None else
+                    saving / limit, ">= 0.9", saving is not None and saving >= 0.9 * limit,
+                    "" if saving is None else f"saving {saving:.1%} of a grpo step, limit {limit:.1%}"))
+    if predictor_round is not None:
+        rs = predictor_round["round_s"]
+        out.append(goal(f"predictor round over {predictor_round['questions']} questions (s)", rs, "<= 0.1",
+                        rs <= 0.1, f"K={predictor_round['ref_size']}, dim {predictor_round['dim']}, "
+                                   f"{predictor_round['threads']} threads, keys cached"))
+    shares = [((r["tracking_s"] or 0) + (r["orchestration_s"] or 0)) / r["wall_s"] for r in rows
+              if r.get("wall_s") and (r.get("tracking_s") is not None or r.get("orchestration_s") is not None)]
+    over = _median(shares)
+    out.append(goal("Prefect + MLflow share of a training run's wall-clock (median)", over, "<= 0.03",
+                    over is not None and over <= 0.03))
+    return out
+
+
+def _f(v, fmt: str) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float) and not np.isfinite(v):
+        return "never"
+    return format(v, fmt)
+
+
+def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list[str]) -> str:
+    head = ("| method | seed | time-to-target (s) | steps-to-target | final acc | step (s) | rollout | update "
+            "| select | other | effective ratio | staleness | dots/pearson |")
+    lines = ["Per run (target = grpo's final accuracy with the same seed):", "", head,
+             "|" + "---|" * 13]
+    for r in sorted(rows, key=lambda r: (methods.index(r["method"]), r["seed"])):
+        lines.append(f"| {r['method']} | {r['seed']} | {_f(r['time_to_target_s'], '.1f')} | "
+                     f"{_f(r['steps_to_target'], 'd')} | {_f(r['final_accuracy'], '.3f')} | {_f(r['step_s'], '.3f')} "
+                     f"| {_f(r['rollout_s'], '.3f')} | {_f(r['update_s'], '.3f')} | {_f(r['select_s'], '.3f')} | "
+                     f"{_f(r['other_s'], '.3f')} | {_f(r['effective_ratio'], '.2f')} | {_f(r['staleness'], '.1f')} "
+                     f"| {_f(r['dots_pearson'], '.2f')} |")
+    lines += ["", "Medians over seeds [min–max]; ratios to grpo are paired by seed:", "",
+              "| method | time-to-target (s) | ratio to grpo | steps-to-target | step ratio | final acc | step (s) "
+              "| effective ratio | staleness | dots/pearson | reached |", "|" + "---|" * 11]
+
+    def med(s, k, fmt):
+        sp = s.get(f"{k}_spread")
+        return _f(s.get(k), fmt) + ("" if not sp else f" [{_f(sp[0], fmt)}–{_f(sp[1], fmt)}]")
+    for m in methods:
+        s = summary[m]
+        lines.append(f"| {m} | {med(s, 'time_to_target_s', '.1f')} | {_f(s['time_to_target_ratio'], '.2f')} | "
+                     f"{med(s, 'steps_to_target', '.0f')} | {_f(s['steps_to_target_ratio'], '.2f')} | "
+                     f"{med(s, 'final_accuracy', '.3f')} | {med(s, 'step_s', '.3f')} | "
+                     f"{med(s, 'effective_ratio', '.2f')} | {_f(s['staleness'], '.1f')} | "
+                     f"{_f(s['dots_pearson'], '.2f')} | {s['reached_target']}/{len(s['seeds'])} |")
+    lines += ["", "Goals:", "", "| goal | measured | target | met |", "|---|---|---|---|"]
+    for g in goal_list:
+        detail = f" ({g['detail']})" if g["detail"] else ""
+        lines.append(f"| {g['goal']} | {_f(g['value'], '.3f')}{detail} | {g['target']} | "
+                     f"{'yes' if g['met'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RESULTS,
+           dataset: str | Path | None = None, extra: dict | None = None) -> dict:
+    """Read every finished run, write summary.json, table.md and curves.png under out_dir."""
+    from .plots import learning_curve  # noqa: PLC0415
+
+    targets = {}
+    for s in seeds:
+        g = cfg.root / "runs" / "grpo" / f"seed{s}" / "summary.json"
+        targets[s] = json.loads(g.read_text())["final_accuracy"] if g.exists() else cfg.train.target_accuracy
+    rows = [run_row(cfg, s, m, targets[s]) for s, m in run_order(methods, seeds)]
+    summary = summarize(rows, methods)
+    rnd = None
+    if dataset is not None and Path(dataset).exists():
+        rnd = predictor_round_seconds(dataset, ref_size=256, hidden=cfg.predictor.hidden, threads=cfg.train.threads)
+    goal_list = goals(summary, cfg, rnd, rows)
+    table = render(rows, summary, goal_list, methods)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"date": time.strftime("%Y-%m-%d"), "methods": methods, "seeds": seeds,
+              "steps": cfg.train.steps, "targets": targets, "summary": summary, "goals": goal_list,
+              "predictor_round": rnd, "runs": rows, **(extra or {})}
+    write_text(out_dir / "summary.json", json.dumps(json_safe(result), indent=1))
+    write_text(out_dir / "table.md", table + "\n")
+    curves = {m: [json.loads((cfg.root / "runs" / m / f"seed{s}" / "evals.json").read_text()) for s in seeds]
+              for m in methods}
+    target = _median(list(targets.values()))
+    learning_curve(curves, target, out_dir / "curves.png")
+    if cfg.tracking.enabled:
+        from .tracking import log_bench  # noqa: PLC0415
+
+        log_bench(cfg, result, [out_dir / "summary.json", out_dir / "table.md", out_dir / "curves.png"])
+    return result
+
+
+def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, out_dir: Path = RESULTS,
+              dataset: str | Path | None = None,
+              runner: Callable[[Config, int, str], dict] | None = None) -> dict:
+    """Shared stages once, then every (seed, method) run interleaved, then the report.
+    `runner` lets the Prefect flow wrap each run in a task; by default runs are direct calls."""
+    methods = list(methods or METHODS)
+    if "grpo" not in methods:
+        raise ValueError("bench: methods must include grpo (it defines the target)")
+    if cfg.tracking.enabled and "DOTS_PIPELINE_ID" not in os.environ:  # one MLflow parent for every seed
+        from .tracking import git_commit  # noqa: PLC0415
+
+        os.environ["DOTS_PIPELINE_ID"] = f"bench-{cfg.fingerprint(BENCH_EXCLUDE)}-{git_commit()[:12]}"
+    start = time.perf_counter()
+    prepare_shared(cfg)
+    order = run_order(methods, seeds)
+    for i, (seed, method) in enumerate(order, 1):
+        say(f"bench: run {i}/{len(order)}: {method}, seed {seed}")
+        (runner or train_one)(cfg, seed, method)
+    result = report(cfg, methods, seeds, out_dir, dataset, {"bench_wall_s": time.perf_counter() - start})
+    say(Path(out_dir / "table.md").read_text())
+    return result
