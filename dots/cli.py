@@ -2,6 +2,8 @@
 `-S key=value` overrides (the same dotted keys as `dvc exp run -S`).
 
     dots prepare | warmup | embed | label | fit-predictor | train [--method M] | compare | all
+    dots evaluate --data FILE [--policy DIR | --checkpoint DIR] [--samples G]   (a held-out math set)
+    torchrun --nproc-per-node N -m dots.cli train ...                         (data-parallel training)
 """
 
 from __future__ import annotations
@@ -32,6 +34,20 @@ def _parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", parents=[common], help="train one method")
     train.add_argument("--method", choices=METHODS, help="overrides train.method")
     train.add_argument("--restart", action="store_true", help="ignore an existing checkpoint and start over")
+    ev = sub.add_parser("evaluate", parents=[common],
+                        help="greedy accuracy (and pass@G) of a policy on a held-out set; prints JSON")
+    ev.add_argument("--data", required=True,
+                    help="held-out set: .parquet (verl layout), .jsonl or a datasets folder")
+    ev.add_argument("--question", default="extra_info.question", help="dotted question column")
+    ev.add_argument("--answer", default="reward_model.ground_truth", help="dotted answer column")
+    ev.add_argument("--id", default="extra_info.index", help="dotted id column; 'none' numbers the rows")
+    ev.add_argument("--limit", type=int, help="first N rows only")
+    ev.add_argument("--policy", help="model folder or hub name (default: the config's policy)")
+    ev.add_argument("--checkpoint", help="training checkpoint (folder or .pt) loaded into the policy")
+    ev.add_argument("--samples", type=int, default=0, metavar="G",
+                    help="also pass@G and mean@G (default: greedy only)")
+    ev.add_argument("--seed", type=int, default=0, help="sampling seed for --samples")
+    ev.add_argument("--out", help="also write the JSON here")
     return parser
 
 
@@ -43,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dots: {exc}", file=sys.stderr)
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.command != "train":
+        print(f"dots {args.command}: runs in one process; only `dots train` runs under torchrun",
+              file=sys.stderr)
+        return 2
     from . import stages  # noqa: PLC0415  (heavy imports only after the config is valid)
 
     try:
@@ -60,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             stages.train(cfg, args.method, resume=not args.restart)
         elif args.command == "compare":
             stages.compare(cfg)
+        elif args.command == "evaluate":
+            _evaluate(cfg, args)
         elif args.command == "all":
             for stage in (stages.prepare, stages.run_warmup, stages.embed, stages.label, stages.fit):
                 stage(cfg)
@@ -70,6 +92,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dots {args.command}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _evaluate(cfg, args) -> None:
+    import json  # noqa: PLC0415
+
+    from .atomic import write_text  # noqa: PLC0415
+    from .heldout import evaluate_policy  # noqa: PLC0415
+
+    data = {"path": args.data, "question": args.question, "answer": args.answer,
+            "id": None if args.id.lower() == "none" else args.id, "limit": args.limit}
+    result = evaluate_policy(cfg, data, args.policy, args.checkpoint, args.samples, args.seed)
+    out = json.dumps(result, indent=1)
+    print(out)
+    if args.out:
+        write_text(args.out, out + "\n")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,12 @@
 
 A bar shows step, the stage's headline figure (loss, reward, accuracy) and elapsed time.
 Under CI, Prefect or a pipe, where a redrawn bar would flood the log, it prints a plain line
-every tenth of the way instead.
+every tenth of the way instead. Under torchrun only rank 0 speaks.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -15,16 +16,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as _RichProgress
 
 console = Console(stderr=True)
+QUIET = os.environ.get("RANK", "0") != "0"  # a torchrun / accelerate rank other than 0
 
 
 def say(message: str) -> None:
-    print(message, flush=True)
+    if not QUIET:
+        print(message, flush=True)
 
 
 class Progress:
     def __init__(self, title: str, total: int):
         self.title, self.total = title, total
-        self.live = console.is_terminal and sys.stderr.isatty()
+        self.live = console.is_terminal and sys.stderr.isatty() and not QUIET
         self._bar = None
         self._next_line = 0
         self._start = time.perf_counter()

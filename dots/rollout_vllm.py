@@ -10,6 +10,9 @@ Design:
   from params (`rollout.vllm_gpu_memory_utilization`, `rollout.vllm_sleep_mode`);
 - after each optimizer step the trainer calls `sync_weights(model)`, which loads the
   policy's current tensors into vLLM's model (`load_weights`) through the worker extension;
+- under torchrun (`dots.distributed`) each rank runs its own engine on its GPU with vLLM's
+  `external_launcher` executor (one worker per process, as TRL's colocate mode does), and
+  generates its shard of the step's prompts;
 - behaviour log-probs are NOT taken from vLLM: they are recomputed by the trainer's own
   forward pass (`dots.loss.token_logprobs`), so the importance ratio compares like with like
   (vLLM's sampler and the training forward differ in kernels and precision).
@@ -46,9 +49,12 @@ class VLLMEngine:
         self.sleep_mode = sleep_mode
         self._eos = int(tokenizer.eos_token_id)
         self._pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+        per_rank = {}
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            per_rank["distributed_executor_backend"] = "external_launcher"  # one engine per torchrun rank
         self.llm = LLM(model=model.name_or_path, tokenizer=model.name_or_path, dtype=dtype, seed=seed,
                        gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep_mode,
-                       worker_extension_cls="dots.rollout_vllm.DotsWorkerExtension")
+                       worker_extension_cls="dots.rollout_vllm.DotsWorkerExtension", **per_rank)
         self._asleep = False
 
     def sync_weights(self, model: torch.nn.Module) -> None:

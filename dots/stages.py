@@ -23,6 +23,7 @@ import torch
 from .atomic import write_text
 from .config import Config
 from .data import Question, generate, load_questions, save_questions
+from .distributed import launched_main
 from .embeddings import (StaleCacheError, backbone_identity, encode_with_sentence_transformers, load_embeddings,
                          masked_mean_embeddings, save_embeddings)
 from .evaluation import pass_rates, spectrum, task_io
@@ -236,7 +237,7 @@ def train(cfg: Config, method: str | None = None, resume: bool = True) -> dict:
         emb = load_embeddings(p.embeddings, _backbone(cfg), pool)
         predictor = load_predictor(p.predictor)
     logger = None
-    if cfg.tracking.enabled:
+    if cfg.tracking.enabled and launched_main():  # under torchrun rank 0 logs for all
         from .tracking import LiveLogger, Tracker  # noqa: PLC0415
 
         logger = LiveLogger(Tracker(cfg), method, cfg.tracking.log_every,
@@ -259,7 +260,7 @@ def train(cfg: Config, method: str | None = None, resume: bool = True) -> dict:
     if logger is not None:
         logger.finish(s, result.evals)
         extra["tracking_s"] = logger.seconds
-    if extra:  # figures known only after the run files were written: one more write of the summary
+    if extra and trainer.dist.main:  # figures known only after the run files were written: one more write
         s.update(extra)
         _write_json(p.run(method) / "summary.json", s)
     say(f"train {method}: final accuracy {s['final_accuracy']:.3f} (from {s['initial_accuracy']:.3f}) after "

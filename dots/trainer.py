@@ -12,10 +12,12 @@ step by step, without replacement, by Gumbel-top-k. Informative reference groups
 training data: they fill the next fresh slots before any new question is generated.
 
 What it simplifies: one optimizer step per batch (so π_old = the sampling policy and a
-fresh group's ratio is 1), a single process, greedy held-out evaluation paused out of the
-training clock. Degenerate groups (all rewards equal) have zero advantage; with β = 0
-they contribute nothing to the gradient, so the update skips their forward/backward and
-keeps the mean over *all* groups by scaling — the gradient is the same, the cost is not.
+fresh group's ratio is 1), greedy held-out evaluation paused out of the training clock.
+Under torchrun the same loop runs data-parallel (`dots.distributed`): rank 0 decides,
+rollouts and the update are sharded, checkpoints and run files are written by rank 0.
+Degenerate groups (all rewards equal) have zero advantage; with β = 0 they contribute
+nothing to the gradient, so the update skips their forward/backward and keeps the mean
+over *all* groups by scaling — the gradient is the same, the cost is not.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 from .checkpoints import CHECKPOINT, load_checkpoint, save_checkpoint
 from .config import Config
 from .data import Question
+from .distributed import SINGLE, Dist, rank_generator, setup
 from .embeddings import backbone_identity
 from .evaluation import greedy_accuracy, task_io
 from .loss import collate, grpo_loss, token_logprobs
@@ -42,7 +45,7 @@ from .progress import say
 from .replay import ReplayBuffer
 from .rollout import Group, make_engine
 from .selection import select_questions
-from .runfiles import write_run_files
+from .runfiles import summarize, write_run_files
 
 
 @dataclass
@@ -67,6 +70,52 @@ def time_to_target(evals: list[dict], target: float | None) -> tuple[float | Non
     return None, None
 
 
+def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups: list[Group], cfg: Config,
+                     pad_id: int, *, ref_model: torch.nn.Module | None = None, replayed: list[Group] = (),
+                     dist: Dist = SINGLE) -> tuple[float, dict]:
+    """One optimizer step on a step's groups: the loss is −J averaged over *all* `groups`
+    (degenerate ones add nothing with β = 0, so only the informative ones are forwarded).
+
+    Under torch.distributed each rank forwards a contiguous shard of the used groups, scaled
+    by shard/len(groups), so the ranks' losses — and their gradients, summed by all-reduce
+    before clipping — add up to the single-process ones. Returns (loss, stats), the same on
+    every rank; stats has the replayed groups' importance ratios when there are any."""
+    used = groups if cfg.loss.beta > 0 else [g for g in groups if g.informative]
+    if not used:
+        return 0.0, {}
+    mine = used[dist.shard(len(used))]
+    opt.zero_grad(set_to_none=True)
+    loss_value, ratio_sum, ratio_n, ratio_max = 0.0, 0.0, 0, float("-inf")
+    if mine:
+        device = next(model.parameters()).device
+        batch = collate(mine, pad_id, cfg.loss.scale_rewards).to(device)
+        logp = token_logprobs(model, batch, cfg.rollout.temperature)
+        ref_logp = None
+        if ref_model is not None:
+            with torch.no_grad():
+                ref_logp = token_logprobs(ref_model, batch, cfg.rollout.temperature)
+        loss, _ = grpo_loss(logp, batch, cfg.loss.clip_eps, cfg.loss.beta, ref_logp)
+        loss = loss * (len(mine) / len(groups))  # mean over every group of the step
+        loss.backward()
+        loss_value = float(loss.detach())
+        ids = {id(g) for g in replayed}
+        rows = torch.cat([torch.full((g.size,), id(g) in ids) for g in mine]).to(device)
+        if rows.any():
+            with torch.no_grad():
+                ratio = torch.exp(logp.detach() - batch.old_logprobs)[rows][batch.response_mask[rows]]
+            ratio_sum, ratio_n, ratio_max = float(ratio.double().sum()), ratio.numel(), float(ratio.max())
+    dist.all_reduce_grads(model)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+    opt.step()
+    parts = dist.gather([(loss_value, ratio_sum, ratio_n, ratio_max)])
+    stats = {}
+    n = sum(p[2] for p in parts)
+    if n:
+        stats["replay_ratio_mean"] = sum(p[1] for p in parts) / n
+        stats["replay_ratio_max"] = max(p[3] for p in parts)
+    return sum(p[0] for p in parts), stats
+
+
 class Trainer:
     def __init__(self, cfg: Config, method: str, policy_dir: str | Path, pool: list[Question],
                  eval_set: list[Question], run_dir: str | Path, predictor: DifficultyPredictor | None = None,
@@ -80,7 +129,7 @@ class Trainer:
         self.pool, self.eval_set, self.on_step = pool, eval_set, on_step
         torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.train.seed)
-        self.device = resolve_device(cfg.train.device)
+        self.dist, self.device = setup(resolve_device(cfg.train.device))  # cuda:LOCAL_RANK under torchrun
         dtype = getattr(torch, cfg.model.dtype)
         self.model, self.tokenizer = load_policy(policy_dir, dtype)
         self.model.to(self.device)
@@ -116,31 +165,39 @@ class Trainer:
         self.evals: list[dict] = []
         if resume:
             self._restore()
-        else:
+        elif self.dist.main:
             (self.checkpoint_dir / CHECKPOINT).unlink(missing_ok=True)  # starting over: drop the old run's state
+        self.dist.barrier()  # every rank has read the checkpoint before rank 0 may replace it
 
     # ---- rollouts --------------------------------------------------------------------------
     def _rollout(self, idx: np.ndarray) -> list[Group]:
-        """Generate and score G samples for each pool question in `idx` with the current policy."""
+        """Generate and score G samples for each pool question in `idx` with the current policy
+        (under torchrun: this rank's shard of `idx`, then every rank's groups in `idx` order)."""
         if len(idx) == 0:
             return []
         r = self.cfg.rollout
-        self.model.eval()
-        groups = self.engine.generate([self.prompts[i] for i in idx], r.group_size, temperature=r.temperature,
-                                      max_new_tokens=r.max_new_tokens, generator=self.gen)
-        self.model.train()
-        self.io.score(groups, [self.pool[i] for i in idx])
-        for g, i in zip(groups, idx):
+        mine = idx[self.dist.shard(len(idx))]
+        gen = rank_generator(self.gen, self.dist) if self.dist.enabled else self.gen
+        groups: list[Group] = []
+        if len(mine):
+            self.model.eval()
+            prompts = [self.prompts[i] for i in mine]
+            groups = self.engine.generate(prompts, r.group_size, temperature=r.temperature,
+                                          max_new_tokens=r.max_new_tokens, generator=gen)
+            self.model.train()
+            self.io.score(groups, [self.pool[i] for i in mine])
+        for g, i in zip(groups, mine):
             g.question_id, g.version = int(i), self.step
-        return groups
+        return self.dist.gather(groups)
 
     def _new_round(self, rec: dict) -> None:
         """Roll out K references, predict d̂ for the pool, open the round's candidate set."""
         s = self.cfg.selection
-        refs = self.np_rng.choice(len(self.pool), size=s.ref_size, replace=False)
+        refs = self.dist.decide(lambda: self.np_rng.choice(len(self.pool), size=s.ref_size, replace=False))
         ref_groups = self._rollout(refs)
         observed = np.array([1.0 - g.mean_reward for g in ref_groups])
-        self.round_pred = self.predictor.predict_projected(self.projections, refs, observed)
+        self.round_pred = self.dist.decide(lambda: self.predictor.predict_projected(self.projections, refs,
+                                                                                    observed))
         self.round_available = np.ones(len(self.pool), dtype=bool)
         self.round_available[refs] = False
         self.ref_queue = [g for g in ref_groups if g.informative]
@@ -149,7 +206,8 @@ class Trainer:
     def _fresh_groups(self, n: int, rec: dict, timers: dict) -> list[Group]:
         if not self.uses_dots:
             t = time.perf_counter()
-            groups = self._rollout(self.np_rng.choice(len(self.pool), size=n, replace=False))
+            idx = self.dist.decide(lambda: self.np_rng.choice(len(self.pool), size=n, replace=False))
+            groups = self._rollout(idx)
             timers["rollout"] += time.perf_counter() - t
             return groups
         t = time.perf_counter()
@@ -157,7 +215,8 @@ class Trainer:
             self._new_round(rec)
         taken, self.ref_queue = self.ref_queue[:n], self.ref_queue[n:]
         s = self.cfg.selection
-        idx = select_questions(self.round_pred, n - len(taken), s.alpha, s.tau, self.np_rng, self.round_available)
+        idx = self.dist.decide(lambda: select_questions(self.round_pred, n - len(taken), s.alpha, s.tau,
+                                                        self.np_rng, self.round_available))
         self.round_available[idx] = False
         timers["select"] += time.perf_counter() - t
         t = time.perf_counter()
@@ -171,32 +230,14 @@ class Trainer:
 
     # ---- update ----------------------------------------------------------------------------
     def _update(self, groups: list[Group], replayed: list[Group]) -> tuple[float, dict]:
-        cfg = self.cfg
-        used = groups if cfg.loss.beta > 0 else [g for g in groups if g.informative]
-        if not used:
-            return 0.0, {}
+        if not any(g.informative for g in groups) and self.cfg.loss.beta == 0:
+            return 0.0, {}  # no gradient anywhere: skip the step (and vLLM's sleep/wake)
         if hasattr(self.engine, "release"):
             self.engine.release()  # a colocated vLLM frees its GPU memory for the update
-        batch = collate(used, self.tokenizer.pad_token_id, cfg.loss.scale_rewards).to(self.device)
-        logp = token_logprobs(self.model, batch, cfg.rollout.temperature)
-        ref_logp = None
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref_logp = token_logprobs(self.ref_model, batch, cfg.rollout.temperature)
-        loss, stats = grpo_loss(logp, batch, cfg.loss.clip_eps, cfg.loss.beta, ref_logp)
-        loss = loss * (len(used) / len(groups))  # mean over every group of the step
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.max_grad_norm)
-        self.opt.step()
+        out = update_on_groups(self.model, self.opt, groups, self.cfg, self.tokenizer.pad_token_id,
+                               ref_model=self.ref_model, replayed=replayed, dist=self.dist)
         self.engine.sync_weights(self.model)  # the next rollout samples from the updated policy
-        if replayed:
-            ids = {id(g) for g in replayed}
-            rows = torch.cat([torch.full((g.size,), id(g) in ids) for g in used]).to(self.device)
-            with torch.no_grad():
-                ratio = torch.exp(logp.detach() - batch.old_logprobs)[rows][batch.response_mask[rows]]
-            stats["replay_ratio_mean"], stats["replay_ratio_max"] = float(ratio.mean()), float(ratio.max())
-        return float(loss.detach()), stats
+        return out
 
     # ---- one step --------------------------------------------------------------------------
     def train_step(self) -> dict:
@@ -207,7 +248,8 @@ class Trainer:
         replayed: list[Group] = []
         if self.uses_replay:
             n_replay = b - max(1, int(round(cfg.replay.delta * b)))
-            replayed = self.buffer.sample(n_replay, self.np_rng)  # shortfall is generated fresh below
+            # shortfall is generated fresh below; rank 0 draws, every rank replays the same groups
+            replayed = self.dist.decide(lambda: self.buffer.sample(n_replay, self.np_rng))
         fresh = self._fresh_groups(b - len(replayed), rec, timers)
         if self.uses_replay:
             for g in fresh:
@@ -241,9 +283,12 @@ class Trainer:
     def evaluate(self) -> dict:
         """Greedy held-out accuracy; runs outside the training clock."""
         self.model.eval()
-        acc = greedy_accuracy(self.engine, self.tokenizer, self.eval_set, self.cfg.rollout.max_new_tokens,
-                              self.cfg.eval.batch_size, self.io)
+        mine = self.eval_set[self.dist.shard(len(self.eval_set))]  # under torchrun: this rank's share
+        acc = greedy_accuracy(self.engine, self.tokenizer, mine, self.cfg.rollout.max_new_tokens,
+                              self.cfg.eval.batch_size, self.io) if mine else 0.0
         self.model.train()
+        if self.dist.enabled:
+            acc = sum(self.dist.gather([round(acc * len(mine))])) / len(self.eval_set)
         e = {"step": self.step, "elapsed_s": self.elapsed, "accuracy": acc}
         self.evals.append(e)
         return e
@@ -263,13 +308,14 @@ class Trainer:
                 self._checkpoint()
             if stop_after is not None and self.step >= stop_after:
                 break
+        self.dist.assert_in_sync(self.model)
         return self.result()
 
     def result(self, target: float | None = None) -> RunResult:
         target = self.cfg.train.target_accuracy if target is None else target
         tts, sts = time_to_target(self.evals, target)
         res = RunResult(self.method, self.records, self.evals, self.evals[-1]["accuracy"], target, tts, sts)
-        res.summary = write_run_files(self.run_dir, self.cfg, res)
+        res.summary = write_run_files(self.run_dir, self.cfg, res) if self.dist.main else summarize(res)
         return res
 
     # ---- checkpoints -----------------------------------------------------------------------
@@ -280,6 +326,8 @@ class Trainer:
                                      "train.checkpoint_every", "train.steps")) + ":" + self.policy_identity
 
     def _checkpoint(self) -> None:
+        if not self.dist.main:
+            return  # every rank holds the same state; rank 0 writes it
         save_checkpoint(self.checkpoint_dir, {
             "method": self.method, "fingerprint": self._run_fingerprint(),
             "step": self.step, "elapsed": self.elapsed,
@@ -301,7 +349,8 @@ class Trainer:
         if state.get("fingerprint") != self._run_fingerprint():
             # Resuming would mix two runs: start over, but keep the old state aside rather than lose it.
             kept = self.checkpoint_dir / f"checkpoint.stale-{state.get('fingerprint', 'unknown').replace(':', '-')}.pt"
-            (self.checkpoint_dir / CHECKPOINT).replace(kept)
+            if self.dist.main:
+                (self.checkpoint_dir / CHECKPOINT).replace(kept)
             say(f"{self.checkpoint_dir}: checkpoint (step {state['step']}) was made with other params or another "
                 f"warm-up policy; starting over, old state kept as {kept.name}")
             return

@@ -1,0 +1,68 @@
+"""Held-out evaluation of a policy on a math set (`dots evaluate`).
+
+    dots evaluate -p configs/qwen2.5-math-1.5b-deepscaler.yaml --data math500.jsonl \\
+        --question problem --answer answer --id none
+    dots evaluate -p configs/qwen2.5-math-1.5b-deepscaler.yaml --data aime24.parquet \\
+        --checkpoint artifacts-qwen/checkpoints/dots_rr --samples 8
+
+The policy is `--policy` (a saved model folder or a hub name) or the config's own (model.pretrained,
+else the warm-up's final model); `--checkpoint` then loads a training checkpoint's weights into it.
+The data file is read and validated by `dots.datasets.load_pool` (parquet in verl's layout, JSONL,
+or a `datasets` folder, with dotted question/answer/id columns). Prompt template, reward, response
+length, engine, device and dtype come from the config, so a held-out set is scored exactly as
+training scores its own held-out rows. Reports greedy accuracy; with `--samples G` also pass@G (share
+of questions solved by at least one of G samples) and mean@G (mean reward of the samples) at
+`rollout.temperature`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoints import load_checkpoint
+from .config import Config
+from .evaluation import greedy_accuracy, pass_rates, task_io
+from .models import load_policy, resolve_device
+from .rollout import make_engine
+
+
+def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path | None = None,
+                    checkpoint: str | Path | None = None, samples: int = 0, seed: int = 0) -> dict:
+    """Greedy accuracy (and pass@G, mean@G when `samples` = G > 0) of a policy on a held-out set."""
+    from .datasets import load_pool  # noqa: PLC0415
+    from .stages import policy_path  # noqa: PLC0415
+
+    questions = load_pool(data)  # every row validated before any model loads
+    start = time.perf_counter()
+    torch.set_num_threads(cfg.train.threads)
+    source = policy or policy_path(cfg)
+    model, tok = load_policy(source, getattr(torch, cfg.model.dtype))
+    if checkpoint is not None:
+        ckpt = Path(checkpoint)
+        state = load_checkpoint(ckpt.parent if ckpt.is_file() else ckpt)
+        if state is None:
+            raise FileNotFoundError(f"{ckpt}: no training checkpoint here")
+        model.load_state_dict(state["model"])
+    model.to(resolve_device(cfg.train.device)).eval()
+    r = cfg.rollout
+    engine = make_engine(r.engine, model, tok, r.batch_size, seed=seed, sleep_mode=False,
+                         gpu_memory_utilization=r.vllm_gpu_memory_utilization)
+    engine.sync_weights(model)  # a vLLM engine loaded the folder's weights, not the checkpoint's
+    io = task_io(cfg)
+    out: dict[str, Any] = {
+        "policy": str(source), "checkpoint": str(checkpoint) if checkpoint else None,
+        "step": state["step"] if checkpoint is not None else None,
+        "data": data["path"], "questions": len(questions),
+        "greedy_accuracy": greedy_accuracy(engine, tok, questions, r.max_new_tokens, cfg.eval.batch_size, io),
+    }
+    if samples > 0:
+        rates = pass_rates(engine, tok, questions, samples, r.temperature, r.max_new_tokens,
+                           torch.Generator().manual_seed(seed), io=io)
+        out.update({"samples": samples, "temperature": r.temperature,
+                    f"pass@{samples}": float((rates > 0).mean()), f"mean@{samples}": float(rates.mean())})
+    out["seconds"] = time.perf_counter() - start
+    return out
