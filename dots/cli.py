@@ -13,6 +13,7 @@ import os
 import sys
 
 from .config import METHODS, ConfigError, load_config
+from .redact import scrub
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.params, args.overrides)
     except ConfigError as exc:
-        print(f"dots: {exc}", file=sys.stderr)
+        print(f"dots: {scrub(str(exc))}", file=sys.stderr)
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.command != "train":
@@ -88,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             for method in cfg.train.methods:  # a full run starts training over
                 stages.train(cfg, method, resume=False)
             stages.compare(cfg)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"dots {args.command}: {exc}", file=sys.stderr)
+    except (FileNotFoundError, ValueError, ConnectionError) as exc:  # bad input, unreachable service
+        print(f"dots {args.command}: {scrub(str(exc))}", file=sys.stderr)
         return 1
     return 0
 

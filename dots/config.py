@@ -13,6 +13,7 @@ Each field carries a description (cleanrl-style) that says what it does and why.
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -265,6 +266,23 @@ class Config(_Section):
                                  f"exists; got {bad}")
         return self
 
+    @model_validator(mode="after")
+    def _writes_stay_in_the_project(self) -> "Config":
+        """Params may not make dots write outside the project: paths.root is a folder of its own,
+        and a local tracking store or artifact folder lies in the folder that holds paths.root."""
+        root = self.root.expanduser().resolve()
+        if root == Path(root.anchor) or root == Path.home().resolve():
+            raise ValueError(f"paths.root: must be a folder of the project's outputs, not {root}; "
+                             f"got {self.paths.root!r}")
+        for key in ("uri", "artifact_location"):
+            value = getattr(self.tracking, key)
+            local = local_path(value)
+            if local is not None and not local.expanduser().resolve().is_relative_to(root.parent):
+                raise ValueError(f"tracking.{key}: {value!r} would write to {local.expanduser().resolve()}, outside "
+                                 f"the project folder {root.parent} (the folder holding paths.root); use a path "
+                                 "under it or a remote store")
+        return self
+
     # -- helpers ---------------------------------------------------------------------------
     @property
     def root(self) -> Path:
@@ -278,6 +296,23 @@ class Config(_Section):
     def flat(self) -> dict[str, Any]:
         """The whole config as dotted keys (what MLflow logs as params)."""
         return flatten(self.model_dump())
+
+
+def local_path(uri: str | None) -> Path | None:
+    """The local file or folder a store URI writes to; None for a remote or in-memory store."""
+    if not uri:
+        return None
+    if uri.startswith("sqlite:"):
+        rest = uri.removeprefix("sqlite:")
+        path = rest[3:].split("?")[0] if rest.startswith("///") else ""
+        return Path(path) if path and path != ":memory:" else None
+    if uri.startswith("file:"):
+        from urllib.parse import unquote, urlsplit  # noqa: PLC0415
+
+        return Path(unquote(urlsplit(uri).path))
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", uri):
+        return None  # http(s), s3, gs, databricks, postgresql, ...
+    return Path(uri)
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

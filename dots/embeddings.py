@@ -14,11 +14,12 @@ from pathlib import Path
 import torch
 
 from .atomic import atomic_path
+from .checkpoints import UnsafeFileError, load_tensors
 from .data import Question, pool_hash
 
 
-class StaleCacheError(RuntimeError):
-    """The cached embeddings were made for another backbone or another pool."""
+class StaleCacheError(ValueError):
+    """The cached embeddings were made for another backbone or another pool, or are unreadable."""
 
 
 def backbone_identity(path: str | Path) -> str:
@@ -70,7 +71,12 @@ def load_embeddings(path: str | Path, backbone: str, pool: list[Question]) -> to
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no embedding cache; run `dots embed` first")
-    blob = torch.load(path, weights_only=False)
+    try:
+        blob = load_tensors(path, "embedding cache")
+    except UnsafeFileError as exc:
+        raise StaleCacheError(f"{exc}; re-run `dots embed`") from None
+    if not isinstance(blob, dict) or not isinstance(blob.get("embeddings"), torch.Tensor):
+        raise StaleCacheError(f"{path}: not an embedding cache (no 'embeddings' tensor); re-run `dots embed`")
     if blob.get("backbone") != backbone:
         raise StaleCacheError(f"{path}: made with backbone {blob.get('backbone')!r}, expected {backbone!r}; "
                               "re-run `dots embed`")

@@ -101,12 +101,17 @@ class PoolProjections:
 
 
 def save_predictor(path, predictor: DifficultyPredictor, metrics: dict) -> None:
-    torch.save({"dim": predictor.dim, "hidden": predictor.hidden, "state": predictor.state_dict(),
-                "metrics": metrics}, path)
+    from .atomic import atomic_path  # noqa: PLC0415
+
+    with atomic_path(path) as tmp:
+        torch.save({"dim": predictor.dim, "hidden": predictor.hidden, "state": predictor.state_dict(),
+                    "metrics": metrics}, tmp)
 
 
 def load_predictor(path) -> DifficultyPredictor:
-    blob = torch.load(path, weights_only=False)
+    from .checkpoints import load_tensors  # noqa: PLC0415
+
+    blob = load_tensors(path, "predictor")
     model = DifficultyPredictor(blob["dim"], blob["hidden"])
     model.load_state_dict(blob["state"])
     model.eval()

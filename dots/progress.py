@@ -15,13 +15,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as _RichProgress
 
+from .redact import scrub
+
 console = Console(stderr=True)
 QUIET = os.environ.get("RANK", "0") != "0"  # a torchrun / accelerate rank other than 0
 
 
 def say(message: str) -> None:
     if not QUIET:
-        print(message, flush=True)
+        print(scrub(message), flush=True)  # no URI password or secret env value reaches a log
 
 
 class Progress:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config
+from .redact import scrub, scrub_tree
 
 PIPELINE_TAG, LOGGED_TAG = "dots.pipeline", "dots.logged_step"
 
@@ -66,6 +67,32 @@ def pipeline_id(cfg: Config) -> str:
         cfg.fingerprint(("paths", "train.method", "train.threads", "tracking")) + "-" + git_commit()[:12])
 
 
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return scrub(text.splitlines()[0]) if text else type(exc).__name__
+
+
+class TrackingUnavailable(ConnectionError):
+    """The MLflow tracking store cannot be reached or opened (raised before any training)."""
+
+
+def check_reachable(uri: str, timeout: float = 10.0) -> None:
+    """Fail in seconds when an http(s) tracking server does not answer: MLflow's own client
+    would retry with back-off for minutes before saying so."""
+    import socket  # noqa: PLC0415
+    from urllib.parse import urlsplit  # noqa: PLC0415
+
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https"):
+        return
+    try:
+        socket.create_connection((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)),
+                                 timeout=timeout).close()
+    except OSError as exc:
+        raise TrackingUnavailable(f"MLflow tracking server {scrub(uri)} unreachable ({exc}); start it, fix "
+                                  "tracking.uri / MLFLOW_TRACKING_URI, or set tracking.enabled=false") from None
+
+
 class Tracker:
     """A thin layer over MlflowClient that knows our parent/child layout."""
 
@@ -74,11 +101,16 @@ class Tracker:
 
         self.cfg = cfg
         self.uri = tracking_uri(cfg)
-        if self.uri.startswith("sqlite:///"):
-            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        self.client = MlflowClient(self.uri)
+        check_reachable(self.uri)
+        try:
+            if self.uri.startswith("sqlite:///"):
+                Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            self.client = MlflowClient(self.uri)
+            self.experiment_id = self._experiment()
+        except Exception as exc:  # noqa: BLE001  (whatever the store raises: one clear error, before training)
+            raise TrackingUnavailable(f"MLflow tracking store {scrub(self.uri)} cannot be used ({_first_line(exc)}); "
+                                      "fix tracking.uri / MLFLOW_TRACKING_URI, or set tracking.enabled=false") from None
         self.pipeline = pipeline_id(cfg)
-        self.experiment_id = self._experiment()
         self.commit, self.data_version = git_commit(), data_version(cfg)
 
     def _experiment(self) -> str:
@@ -123,7 +155,7 @@ class Tracker:
     def _log_params(self, run_id: str) -> None:
         from mlflow.entities import Param  # noqa: PLC0415
 
-        params = [Param(k, str(v)[:6000]) for k, v in self.cfg.flat().items()]
+        params = [Param(k, scrub(str(v))[:6000]) for k, v in self.cfg.flat().items()]
         for i in range(0, len(params), 100):
             self.client.log_batch(run_id, params=params[i:i + 100])
 
@@ -142,9 +174,12 @@ class Tracker:
                     continue
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     metrics.append(Metric(key, float(value), ts, int(rec["step"])))
-        for i in range(0, len(metrics), 1000):
-            self.client.log_batch(run_id, metrics=metrics[i:i + 1000])
-        self.client.log_batch(run_id, tags=[RunTag(LOGGED_TAG, str(records[-1]["step"]))])
+        chunks = [metrics[i:i + 1000] for i in range(0, len(metrics), 1000)] or [[]]
+        for i, chunk in enumerate(chunks):
+            # the last batch carries the logged-step tag: one transaction, so a kill cannot record the
+            # metrics without the tag (and the retry log them twice)
+            tags = [RunTag(LOGGED_TAG, str(records[-1]["step"]))] if i == len(chunks) - 1 else []
+            self.client.log_batch(run_id, metrics=chunk, tags=tags)
 
     def finish_child(self, run_id: str, summary: dict, evals: list[dict], start_ms: int) -> None:
         from mlflow.entities import Metric  # noqa: PLC0415
@@ -162,7 +197,12 @@ class Tracker:
     def log_artifacts(self, run_id: str, paths: list[Path], artifact_path: str | None = None) -> None:
         for p in paths:
             if Path(p).exists():
-                self.client.log_artifact(run_id, str(p), artifact_path)
+                try:
+                    self.client.log_artifact(run_id, str(p), artifact_path)
+                except Exception as exc:  # noqa: BLE001  (S3 down, wrong credentials, missing bucket, ...)
+                    where = self.client.get_run(run_id).info.artifact_uri
+                    raise TrackingUnavailable(f"MLflow artifact store {scrub(where)}: could not store {p} "
+                                              f"({_first_line(exc)}); the local file is kept") from None
 
 
 class LiveLogger:
@@ -248,8 +288,10 @@ def log_comparison(cfg: Config, comparison: dict, artifacts: list[Path]) -> str:
             if row.get(key) is not None:
                 metrics.append(Metric(f"{key}/{row['method']}", float(row[key]), now, 0))
     tracker.client.log_batch(parent, metrics=metrics)
+    from .atomic import write_text  # noqa: PLC0415
+
     config_file = cfg.root / "compare" / "config.json"
-    config_file.write_text(json.dumps(cfg.model_dump(), indent=1))
+    write_text(config_file, json.dumps(scrub_tree(cfg.model_dump()), indent=1))
     tracker.log_artifacts(parent, [config_file, *artifacts])
     tracker.client.set_terminated(parent, "FINISHED")
     return parent

@@ -37,6 +37,7 @@ from .data import Question
 from .distributed import SINGLE, Dist, rank_generator, setup
 from .embeddings import backbone_identity
 from .evaluation import greedy_accuracy, task_io
+from .faults import fault_point
 from .loss import collate, grpo_loss, token_logprobs
 from .models import load_policy, resolve_device
 from .predictor import DifficultyPredictor
@@ -106,6 +107,7 @@ def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups:
             ratio_sum, ratio_n, ratio_max = float(ratio.double().sum()), ratio.numel(), float(ratio.max())
     dist.all_reduce_grads(model)
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+    fault_point("update")  # ... and here (gradients computed, weights not yet stepped)
     opt.step()
     parts = dist.gather([(loss_value, ratio_sum, ratio_n, ratio_max)])
     stats = {}
@@ -129,6 +131,7 @@ class Trainer:
         self.pool, self.eval_set, self.on_step = pool, eval_set, on_step
         torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.train.seed)
+        random.seed(cfg.train.seed)  # nothing of ours draws from it, but a library might: same seed, same run
         self.dist, self.device = setup(resolve_device(cfg.train.device))  # cuda:LOCAL_RANK under torchrun
         dtype = getattr(torch, cfg.model.dtype)
         self.model, self.tokenizer = load_policy(policy_dir, dtype)
@@ -185,6 +188,7 @@ class Trainer:
             groups = self.engine.generate(prompts, r.group_size, temperature=r.temperature,
                                           max_new_tokens=r.max_new_tokens, generator=gen)
             self.model.train()
+            fault_point("rollout")  # the reliability suite kills runs here (between generate and score)
             self.io.score(groups, [self.pool[i] for i in mine])
         for g, i in zip(groups, mine):
             g.question_id, g.version = int(i), self.step
@@ -335,7 +339,7 @@ class Trainer:
             "np_rng": self.np_rng.bit_generator.state, "torch_gen": self.gen.get_state(),
             "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(),
             "buffer": self.buffer.state_dict(),
-            "round": {"pred": self.round_pred, "available": self.round_available,
+            "round": {"pred": _tensor(self.round_pred), "available": _tensor(self.round_available),
                       "ref_queue": [g.__dict__.copy() for g in self.ref_queue]},
             "records": self.records, "evals": self.evals,
         })
@@ -345,7 +349,8 @@ class Trainer:
         if state is None:
             return
         if state["method"] != self.method:
-            raise ValueError(f"{self.run_dir}: checkpoint is for method {state['method']!r}, not {self.method!r}")
+            raise ValueError(f"{self.checkpoint_dir / CHECKPOINT}: checkpoint is for method {state['method']!r}, "
+                             f"not {self.method!r}")
         if state.get("fingerprint") != self._run_fingerprint():
             # Resuming would mix two runs: start over, but keep the old state aside rather than lose it.
             kept = self.checkpoint_dir / f"checkpoint.stale-{state.get('fingerprint', 'unknown').replace(':', '-')}.pt"
@@ -362,7 +367,17 @@ class Trainer:
         random.setstate(state["py_rng"])
         self.buffer.load_state_dict(state["buffer"])
         rnd = state["round"]
-        self.round_pred, self.round_available = rnd["pred"], rnd["available"]
+        self.round_pred, self.round_available = _array(rnd["pred"]), _array(rnd["available"])
         self.ref_queue = [Group(**g) for g in rnd["ref_queue"]]
         self.step, self.elapsed = state["step"], state["elapsed"]
         self.records, self.evals = state["records"], state["evals"]
+        say(f"{self.checkpoint_dir}: resuming from step {self.step}")
+
+
+def _tensor(a: np.ndarray | None) -> torch.Tensor | None:
+    """Checkpoints hold tensors, not numpy arrays, so they load with weights_only=True."""
+    return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _array(t: torch.Tensor | None) -> np.ndarray | None:
+    return None if t is None else t.numpy()

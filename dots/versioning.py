@@ -18,7 +18,8 @@ from pathlib import Path
 import yaml
 
 from .atomic import atomic_path
-from .config import load_config
+from .config import ConfigError, load_config
+from .redact import scrub
 
 
 class StageError(RuntimeError):
@@ -40,7 +41,7 @@ def dvc(args: list[str], repo: str | Path, env: dict[str, str] | None = None, ti
     out = (proc.stdout or "") + (proc.stderr or "")
     if proc.returncode != 0:
         tail = "\n".join(out.strip().splitlines()[-25:])
-        raise StageError(f"`dvc {' '.join(args)}` failed in {repo} (exit {proc.returncode}):\n{tail}")
+        raise StageError(scrub(f"`dvc {' '.join(args)}` failed in {repo} (exit {proc.returncode}):\n{tail}"))
     return out
 
 
@@ -57,7 +58,10 @@ def set_params(overrides: list[str] | dict | None, repo: str | Path = ".") -> No
     if not overrides:
         return
     path = Path(repo) / "params.yaml"
-    load_config(path, overrides)  # raises ConfigError naming the key; the file is untouched
+    cfg = load_config(path, overrides)  # raises ConfigError naming the key; the file is untouched
+    if not (Path(repo) / cfg.paths.root).resolve().is_relative_to(Path(repo).resolve()):
+        raise ConfigError(f"paths.root: {cfg.paths.root!r} is outside the repository {repo}, where the DVC "
+                          "stages write; the file is untouched")
     from ruamel.yaml import YAML  # noqa: PLC0415  (a DVC dependency)
 
     ry = YAML()
@@ -103,6 +107,10 @@ def push(repo: str | Path = ".", targets: list[str] | None = None, remote: str |
                                    "(403)")):
             raise StageError(f"DVC remote refused the credentials (AWS_ACCESS_KEY_ID / "
                              f"AWS_SECRET_ACCESS_KEY or `dvc remote modify`)\n{text}") from None
+        if any(k in text for k in ("Could not connect to the endpoint", "Connection refused", "ConnectTimeout",
+                                   "Name or service not known", "Cannot connect to host")):
+            raise StageError(f"DVC remote endpoint unreachable: check `dvc remote modify <name> endpointurl` "
+                             f"and the network; the local data and cache are untouched\n{text}") from None
         raise
 
 

@@ -15,11 +15,12 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from dots import versioning
+from dots.redact import scrub
 
 
 def _repro(stage: str, repo: str, env: dict | None) -> str:
     out = versioning.repro(stage, repo, env)
-    get_run_logger().info("%s\n%s", stage, out.strip())
+    get_run_logger().info("%s\n%s", stage, scrub(out.strip()))
     return out
 
 

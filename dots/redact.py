@@ -1,0 +1,44 @@
+"""Keep secrets out of what dots writes for others to read: MLflow params, tags and
+artifacts, log messages, error messages.
+
+Two kinds are masked: the password part of a URI (`https://user:token@host` becomes
+`https://user:***@host`), and the value of every environment variable whose name says
+it holds a secret (AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, MLFLOW_TRACKING_TOKEN,
+MLFLOW_TRACKING_PASSWORD, HF_TOKEN, ...) wherever it appears.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+MASK = "***"
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@\s:]*):(?P<password>[^/@\s]+)@")
+_SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY|API_KEY|PRIVATE_KEY|CONNECTION_STRING")
+_MIN_LEN = 8  # shorter values ("1", "true", a test's "testing") are not worth masking everywhere
+
+
+def secret_values() -> list[str]:
+    """Values of the environment's secret-named variables, longest first."""
+    vals = {v for k, v in os.environ.items() if _SECRET_NAME.search(k.upper()) and len(v) >= _MIN_LEN}
+    return sorted(vals, key=len, reverse=True)
+
+
+def scrub(text: str) -> str:
+    """`text` with URI passwords and secret environment values masked."""
+    text = _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+    for value in secret_values():
+        text = text.replace(value, MASK)
+    return text
+
+
+def scrub_tree(obj: Any) -> Any:
+    """`scrub` applied to every string in a dict/list tree (a config dump, a param table)."""
+    if isinstance(obj, str):
+        return scrub(obj)
+    if isinstance(obj, dict):
+        return {k: scrub_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [scrub_tree(v) for v in obj]
+    return obj
