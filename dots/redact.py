@@ -14,7 +14,8 @@ import re
 from typing import Any
 
 MASK = "***"
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@\s:]*):(?P<password>[^/@\s]+)@")
+# the password may hold a raw "/" (AWS secret keys do, pasted unencoded)
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@\s:]*):(?P<password>[^@\s]+)@")
 _SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY|API_KEY|PRIVATE_KEY|CONNECTION_STRING")
 _MIN_LEN = 8  # shorter values ("1", "true", a test's "testing") are not worth masking everywhere
 

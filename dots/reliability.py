@@ -47,16 +47,16 @@ def table(data: dict) -> str:
         "|---|---|",
         f"| faults injected (SIGKILL at {', '.join(points) or '—'}) | {sum(r['killed'] for r in kills)} |",
         f"| runs resumed from their last complete checkpoint | {sum(r['resumed'] for r in kills)} |",
-        f"| runs whose final state matched the uninterrupted run (weights, optimizer, RNG, buffer, selection, "
-        f"records, evals, MLflow) | {sum(r['matched'] for r in chains)} of {len(chains)} |",
-        f"| MLflow: training runs continued under the same run id, every step logged once | "
-        f"{sum(r['mlflow_ok'] for r in chains)} of {len(chains)} |",
+        (f"| runs whose final state matched the uninterrupted run (weights, optimizer, RNG, buffer, selection, "
+         f"records, evals, MLflow) | {sum(r['matched'] for r in chains)} of {len(chains)} |"),
+        (f"| MLflow: training runs continued under the same run id, every step logged once | "
+         f"{sum(r['mlflow_ok'] for r in chains)} of {len(chains)} |"),
         f"| bad inputs tried (datasets, params, caches, checkpoints) | {len(bad)} |",
-        f"| clear errors given (one message naming the file, row, column or key) | "
-        f"{sum(r['clear'] for r in bad)} |",
+        (f"| clear errors given (one message naming the file, row, column or key; a checkpoint from other "
+         f"params is set aside under a new name with such a message) | {sum(r['clear'] for r in bad)} |"),
         f"| service faults tried / clear errors given | {len(service)} / {sum(r['clear'] for r in service)} |",
-        f"| secret values found in MLflow params, tags, artifacts, run files and logs | "
-        f"{sum(r['found'] for r in secrets)} |",
+        (f"| secret values found in MLflow params, tags, artifacts, run files and logs | "
+         f"{sum(r['found'] for r in secrets)} |"),
         f"| bytes lost (saved files torn, changed or removed) | {lost} |",
     ]
     return "\n".join(lines)

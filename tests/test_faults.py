@@ -83,7 +83,8 @@ def _train(root: Path, *extra: str, fault: str | None = None, trace: Path | None
         e["DOTS_FAULT"] = fault
     if trace:
         e["DOTS_FAULT_TRACE"] = str(trace)
-    return subprocess.run(args, cwd=root.parent, env=e, capture_output=True, text=True, timeout=600)
+    return subprocess.run(args, cwd=root.parent, env=e, capture_output=True, text=True, timeout=600,
+                          check=False)
 
 
 def _torn_bytes(root: Path) -> int:
@@ -198,7 +199,7 @@ def test_killed_runs_resume_to_the_uninterrupted_state(tiny_pipeline, tmp_path, 
         parse = (lambda t: [json.loads(x) for x in t.splitlines()]) if name.endswith("l") else json.loads
         _same(parse(ra), parse(rb), name)
     # MLflow: one training run continued by every retry, every step's metrics once, the same values
-    ids_a, hist_a = _metric_histories(ref_root)
+    _, hist_a = _metric_histories(ref_root)
     ids_b, hist_b = _metric_histories(root)
     assert len(ids_b) == 1
     assert [s for s, _ in hist_b["train/loss"]] == list(range(1, 7))
@@ -460,13 +461,20 @@ def test_service_fault_is_a_clear_error_and_keeps_local_state(tiny_pipeline, tmp
 def test_s3_endpoint_down_is_named_and_keeps_local_data(tmp_path, monkeypatch, ledger):
     from dots import versioning
 
-    from .test_pipeline import _prepared_repo_on_s3
-
-    repo = _prepared_repo_on_s3(tmp_path, monkeypatch, f"http://127.0.0.1:{_free_port()}", "dots-data")
-    before = {**_snapshot(repo / "artifacts"), **_snapshot(repo / ".dvc" / "cache")}
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    repo = tmp_path / "repo"
+    (repo / "artifacts").mkdir(parents=True)
+    (repo / "artifacts" / "pool.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows()))
+    versioning.dvc(["init", "--no-scm", "-q"], repo)
+    versioning.dvc(["remote", "add", "-d", "s3", "s3://dots-data/dvc"], repo)
+    versioning.dvc(["remote", "modify", "s3", "endpointurl", f"http://127.0.0.1:{_free_port()}"], repo)
+    versioning.dvc(["add", "-q", "artifacts/pool.jsonl"], repo)
+    before = _snapshot(repo)
     start = time.perf_counter()
     with pytest.raises(versioning.StageError) as err:
-        versioning.push(repo, ["prepare"])
+        versioning.push(repo, ["artifacts/pool.jsonl.dvc"])
     text = str(err.value)
     clear = "endpoint unreachable" in text and "127.0.0.1" in text
     lost = _bytes_lost(before, repo)
@@ -474,3 +482,33 @@ def test_s3_endpoint_down_is_named_and_keeps_local_data(tmp_path, monkeypatch, l
                        seconds=round(time.perf_counter() - start, 1), message=text.splitlines()[0][:300])
     assert clear, text
     assert lost == 0
+
+
+# ---- secrets and paths, unit level -------------------------------------------------------------
+
+def test_scrub_masks_uri_passwords_and_secret_env_values(monkeypatch, capsys):
+    from dots.progress import say
+    from dots.redact import scrub
+
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "tok-0123456789")
+    monkeypatch.setenv("SOME_FLAG", "visible-value")
+    text = "https://bob:pa55word@mlflow.example.com/x s3://AKIA:abc/def@b tok-0123456789 visible-value"
+    assert scrub(text) == "https://bob:***@mlflow.example.com/x s3://AKIA:***@b *** visible-value"
+    say(f"tracking: could not reach {text}")
+    out = capsys.readouterr().out
+    assert "pa55word" not in out and "tok-0123456789" not in out and "visible-value" in out
+
+
+def test_flow_overrides_cannot_move_outputs_out_of_the_repo(tmp_path, ledger):
+    from dots import versioning
+    from dots.config import ConfigError
+
+    (tmp_path / "params.yaml").write_text("train:\n  steps: 3\n")
+    before = _snapshot(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        versioning.set_params({"paths.root": "../elsewhere"}, tmp_path)
+    clear = "paths.root" in str(err.value) and "outside the repository" in str(err.value)
+    lost = _bytes_lost(before, tmp_path)
+    reliability.record(ledger, kind="bad_input", case="flow override: paths.root outside the repo", clear=clear,
+                       bytes_lost=lost, message=str(err.value)[:300])
+    assert clear and lost == 0
