@@ -266,23 +266,6 @@ class Config(_Section):
                                  f"exists; got {bad}")
         return self
 
-    @model_validator(mode="after")
-    def _writes_stay_in_the_project(self) -> "Config":
-        """Params may not make dots write outside the project: paths.root is a folder of its own,
-        and a local tracking store or artifact folder lies in the folder that holds paths.root."""
-        root = self.root.expanduser().resolve()
-        if root == Path(root.anchor) or root == Path.home().resolve():
-            raise ValueError(f"paths.root: must be a folder of the project's outputs, not {root}; "
-                             f"got {self.paths.root!r}")
-        for key in ("uri", "artifact_location"):
-            value = getattr(self.tracking, key)
-            local = local_path(value)
-            if local is not None and not local.expanduser().resolve().is_relative_to(root.parent):
-                raise ValueError(f"tracking.{key}: {value!r} would write to {local.expanduser().resolve()}, outside "
-                                 f"the project folder {root.parent} (the folder holding paths.root); use a path "
-                                 "under it or a remote store")
-        return self
-
     # -- helpers ---------------------------------------------------------------------------
     @property
     def root(self) -> Path:
@@ -296,6 +279,24 @@ class Config(_Section):
     def flat(self) -> dict[str, Any]:
         """The whole config as dotted keys (what MLflow logs as params)."""
         return flatten(self.model_dump())
+
+
+def check_writes(cfg: Config) -> None:
+    """Params may not make dots write outside the project: paths.root is a folder of its own,
+    and a local tracking store or artifact folder lies in the folder that holds paths.root.
+    (Checked on what users pass in, in `load_config`; configs derived in code, such as the
+    benchmark's `<paths.root>/bench` workspace, keep the user's checked store.)"""
+    root = cfg.root.expanduser().resolve()
+    if root == Path(root.anchor) or root == Path.home().resolve():
+        raise ConfigError(f"invalid config:\n  paths.root: must be a folder of the project's outputs, not {root}; "
+                          f"got {cfg.paths.root!r}")
+    for key in ("uri", "artifact_location"):
+        value = getattr(cfg.tracking, key)
+        local = local_path(value)
+        if local is not None and not local.expanduser().resolve().is_relative_to(root.parent):
+            raise ConfigError(f"invalid config:\n  tracking.{key}: {value!r} would write to "
+                              f"{local.expanduser().resolve()}, outside the project folder {root.parent} (the "
+                              "folder holding paths.root); use a path under it or a remote store")
 
 
 def local_path(uri: str | None) -> Path | None:
@@ -403,6 +404,8 @@ def load_config(path: str | Path | None = "params.yaml",
             raise ConfigError(f"{path}: top level must be a mapping of sections")
     raw = apply_overrides(raw, overrides)
     try:
-        return Config.model_validate(raw)
+        cfg = Config.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_format(exc)) from None
+    check_writes(cfg)
+    return cfg

@@ -291,14 +291,14 @@ def _dataset_args(name: str = "bad.jsonl") -> list[str]:
 def _embeddings(kind: str):
     def plant(root: Path) -> None:
         from dots.data import load_questions
-        from dots.embeddings import backbone_identity, save_embeddings
+        from dots.embeddings import save_embeddings
 
         path, pool = root / "embeddings" / "pool.pt", load_questions(root / "data" / "pool.jsonl")
+        current = load_tensors(path, "embedding cache")
         if kind == "another backbone":
-            save_embeddings(path, torch.zeros(len(pool), 8), "sentence-transformers:other", pool)
+            save_embeddings(path, current["embeddings"], "sentence-transformers:other", pool)
         elif kind == "another pool":
-            save_embeddings(path, torch.zeros(len(pool) - 1, 8), backbone_identity(root / "models/warmup/final"),
-                            pool[:-1])
+            save_embeddings(path, current["embeddings"][:-1], current["backbone"], pool[:-1])
         else:
             torch.save({"embeddings": _Payload(root.parent / "pwned")}, path)
     return plant
