@@ -10,6 +10,7 @@ import numpy as np
 
 def learning_curve(curves: dict[str, list[list[dict]]], target: float | None, path: str | Path) -> Path:
     """`curves[method]` is a list of eval lists (one per seed); each eval has elapsed_s and accuracy."""
+    from .atomic import atomic_path  # noqa: PLC0415
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -35,8 +36,7 @@ def learning_curve(curves: dict[str, list[list[dict]]], target: float | None, pa
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    with atomic_path(path) as tmp:  # a killed write never leaves a torn PNG
+        fig.savefig(tmp, format="png")
     plt.close(fig)
-    return path
+    return Path(path)
