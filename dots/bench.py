@@ -74,8 +74,21 @@ def prepare_shared(cfg: Config) -> dict:
     return info
 
 
+# Sections a method's training does not read: a grpo run is the same run whatever the
+# selection or replay params, so variants of those reuse it instead of training it again.
+UNUSED = {"grpo": ("selection", "replay", "embed", "label", "predictor"), "dots": ("replay",),
+          "rr": ("selection", "embed", "label", "predictor"), "dots_rr": ()}
+
+
+def run_fingerprint(cfg: Config, seed: int, method: str) -> str:
+    scfg = seed_config(cfg, seed)
+    return scfg.fingerprint(("paths", "train.method", "train.methods", "tracking", *UNUSED[method]))
+
+
 def run_dirs(cfg: Config, seed: int, method: str) -> tuple[Path, Path]:
-    return cfg.root / "runs" / method / f"seed{seed}", cfg.root / "checkpoints" / method / f"seed{seed}"
+    """One folder per (method, the params it reads, seed): variants never overwrite each other."""
+    key = f"{run_fingerprint(cfg, seed, method)[:10]}/seed{seed}"
+    return cfg.root / "runs" / method / key, cfg.root / "checkpoints" / method / key
 
 
 def train_one(cfg: Config, seed: int, method: str) -> dict:
@@ -85,7 +98,7 @@ def train_one(cfg: Config, seed: int, method: str) -> dict:
     scfg = seed_config(cfg, seed)
     run_dir, ckpt = run_dirs(cfg, seed, method)
     done = run_dir / "summary.json"
-    fp = scfg.fingerprint(("paths", "train.method", "train.methods", "tracking"))
+    fp = run_fingerprint(cfg, seed, method)
     if done.exists() and json.loads(done.read_text()).get("bench_fingerprint") == fp:
         say(f"bench: {method} seed {seed} already finished; reading it back")
         return json.loads(done.read_text())
@@ -287,7 +300,7 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
 
     targets = {}
     for s in seeds:
-        g = cfg.root / "runs" / "grpo" / f"seed{s}" / "summary.json"
+        g = run_dirs(cfg, s, "grpo")[0] / "summary.json"
         targets[s] = json.loads(g.read_text())["final_accuracy"] if g.exists() else cfg.train.target_accuracy
     rows = [run_row(cfg, s, m, targets[s]) for s, m in run_order(methods, seeds)]
     summary = summarize(rows, methods)
@@ -302,8 +315,7 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
               "predictor_round": rnd, "runs": rows, **(extra or {})}
     write_text(out_dir / "summary.json", json.dumps(json_safe(result), indent=1))
     write_text(out_dir / "table.md", table + "\n")
-    curves = {m: [json.loads((cfg.root / "runs" / m / f"seed{s}" / "evals.json").read_text()) for s in seeds]
-              for m in methods}
+    curves = {m: [json.loads((run_dirs(cfg, s, m)[0] / "evals.json").read_text()) for s in seeds] for m in methods}
     target = _median(list(targets.values()))
     learning_curve(curves, target, out_dir / "curves.png")
     if cfg.tracking.enabled:

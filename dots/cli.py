@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="also pass@G and mean@G (default: greedy only)")
     ev.add_argument("--seed", type=int, default=0, help="sampling seed for --samples")
     ev.add_argument("--out", help="also write the JSON here")
+    bench = sub.add_parser("bench", parents=[common], help="grpo, dots, rr, dots_rr over seeds, side by side")
+    bench.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="train.seed values (default 0 1 2)")
+    bench.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    bench.add_argument("--out", default="results/bench", help="summary.json, table.md, curves.png go here")
+    bench.add_argument("--dataset", default="../shared/data/deepscaler.parquet",
+                       help="parquet whose size times the predictor round (skipped when missing)")
     return parser
 
 
@@ -79,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
             stages.fit(cfg)
         elif args.command == "train":
             stages.train(cfg, args.method, resume=not args.restart)
+        elif args.command == "bench":
+            from pathlib import Path  # noqa: PLC0415
+
+            from .bench import bench_config, run_bench  # noqa: PLC0415
+
+            run_bench(bench_config(cfg), args.seeds, args.methods, Path(args.out), args.dataset)
         elif args.command == "compare":
             stages.compare(cfg)
         elif args.command == "evaluate":

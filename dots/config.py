@@ -66,11 +66,21 @@ class TaskConfig(_Section):
     pool_size: int = _range(16, None, default=16384, desc="training pool questions DOTS selects from")
     eval_size: int = _range(16, None, default=2048, desc="held-out questions for accuracy (>= 2048 for "
                                                           "differences above noise)")
+    pad_width: int = _range(0, 9, default=4, desc="zero-pad every operand to this many digits (0: none); a "
+                            "fixed layout lets skills learned on short sums carry over to long ones")
     tiers: list[Tier] = Field(
         default_factory=lambda: [Tier(operands=2, digits=d) for d in range(1, 5)]
         + [Tier(operands=3, digits=d) for d in range(1, 4)],
         description="difficulty spectrum: more digits and more operands are harder",
     )
+
+    @model_validator(mode="after")
+    def _pad_fits(self) -> "TaskConfig":
+        widest = max((t.digits for t in self.tiers), default=0)
+        if self.source == "synthetic" and 0 < self.pad_width < widest:
+            raise ValueError(f"task.pad_width: must be 0 or at least the widest tier's digits ({widest}); "
+                             f"got {self.pad_width}")
+        return self
 
 
 class ModelConfig(_Section):
@@ -104,6 +114,9 @@ class EmbedConfig(_Section):
     backbone: str = Field("warmup", description="'warmup' (the frozen warm-up policy) or "
                                                 "'sentence-transformers:<name or path>'")
     batch_size: int = _range(1, None, default=512, desc="questions per encoder forward pass")
+    pooling: Literal["mean", "mean+last"] = Field("mean+last", description="'mean': masked mean of the last "
+                                                  "hidden state (the paper); 'mean+last': also the last token's "
+                                                  "state (causal LMs, not sentence-transformers)")
 
 
 class LabelConfig(_Section):
@@ -127,6 +140,8 @@ class SelectionConfig(_Section):
     ref_size: int = _range(1, None, default=32, desc="K reference questions rolled out per round; keep "
                                                      "small against every x batch_size")
     alpha: float = _range(0, 1, default=0.5, desc="target difficulty (0.5 maximises the GRPO gradient)")
+    online_calibration: bool = Field(False, description="refit the predictor's calibration (T, b) each round "
+                                                        "from the difficulties its selected questions showed")
     tau: float = _range(0, None, lo_open=True, default=0.1, desc="sampling temperature of "
                                                                  "P(q) ~ exp(-|d-alpha|/tau)")
 
@@ -134,6 +149,8 @@ class SelectionConfig(_Section):
 class ReplayConfig(_Section):
     capacity: int = _range(1, None, default=256, desc="C, most groups the FIFO buffer holds")
     delta: float = _range(0, 1, lo_open=True, default=0.5, desc="fresh share of each batch (1 = no replay)")
+    recency: float = _range(0, None, default=0.0, desc="replay sampling weight exp(-recency x age in steps); 0: "
+                                                       "uniform (the paper)")
 
 
 class LossConfig(_Section):
@@ -162,7 +179,8 @@ class RewardConfig(_Section):
 
 
 class EvalConfig(_Section):
-    every: int = _range(1, None, default=10, desc="steps between held-out evaluations")
+    every: int = _range(1, None, default=5, desc="steps between held-out evaluations (the resolution of "
+                                                  "time-to-target)")
     batch_size: int = _range(1, None, default=1024, desc="questions per greedy-decoding batch")
 
 

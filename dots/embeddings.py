@@ -35,8 +35,15 @@ def backbone_identity(path: str | Path) -> str:
 
 
 @torch.inference_mode()
-def masked_mean_embeddings(model, tokenizer, texts: list[str], batch_size: int = 512) -> torch.Tensor:
-    """(N, D) masked mean of the last hidden state over each text's tokens."""
+def masked_mean_embeddings(model, tokenizer, texts: list[str], batch_size: int = 512,
+                           pooling: str = "mean") -> torch.Tensor:
+    """(N, D) masked mean of the last hidden state over each text's tokens; with
+    `pooling="mean+last"`, (N, 2D): the mean beside the last token's state. A causal LM's last
+    prompt token has read the whole question and is what predicts the answer's first token,
+    so it carries what the policy makes of the question; on the embedded task it lifted the
+    predictor's held-out Pearson from 0.60 to 0.84 (README, "Benchmark")."""
+    if pooling not in ("mean", "mean+last"):
+        raise ValueError(f"embed.pooling: {pooling!r}; allowed: mean, mean+last")
     model.eval()
     out = []
     for start in range(0, len(texts), batch_size):
@@ -46,7 +53,11 @@ def masked_mean_embeddings(model, tokenizer, texts: list[str], batch_size: int =
         hidden = model(input_ids=enc["input_ids"], attention_mask=mask, position_ids=pos,
                        output_hidden_states=True, use_cache=False).hidden_states[-1]
         m = mask[..., None].to(hidden.dtype)
-        out.append((hidden * m).sum(1) / m.sum(1).clamp(min=1))
+        pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+        if pooling == "mean+last":  # last real token, whichever side the tokenizer pads
+            last = (mask * torch.arange(mask.shape[1])).argmax(-1)
+            pooled = torch.cat([pooled, hidden[torch.arange(hidden.shape[0]), last]], dim=-1)
+        out.append(pooled)
     return torch.cat(out).float()
 
 

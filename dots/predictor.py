@@ -94,6 +94,28 @@ class DifficultyPredictor(nn.Module):
         return self.calibrate(raw, labels).numpy()
 
 
+    def refit_calibration(self, proj: "PoolProjections", ref_idx: np.ndarray, ref_labels: np.ndarray,
+                          query_idx: np.ndarray, observed: np.ndarray, steps: int = 25, lr: float = 1e-2) -> float:
+        """Online calibration: a few Adam steps on the calibration MLP only, fitting the last
+        round's predictions (its references and labels) to the difficulties its selected
+        questions then showed. The towers stay frozen, so the cached projections stay valid;
+        what moves is the temperature and bias, which drift as the policy leaves the
+        labelling policies behind. Returns the BCE after the refit."""
+        labels = torch.as_tensor(ref_labels, dtype=torch.float32)
+        target = torch.as_tensor(observed, dtype=torch.float32)
+        with torch.no_grad():
+            raw = self.attend(proj.queries[torch.as_tensor(query_idx, dtype=torch.long)],
+                              proj.keys[torch.as_tensor(ref_idx, dtype=torch.long)], labels)
+        opt = torch.optim.Adam(self.calibration.parameters(), lr=lr)
+        loss = torch.tensor(float("nan"))
+        for _ in range(steps):
+            loss = F.binary_cross_entropy(self.calibrate(raw, labels).clamp(1e-6, 1 - 1e-6), target)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return float(loss.detach())
+
+
 @dataclass
 class PoolProjections:
     queries: torch.Tensor  # (N, h) query-tower outputs

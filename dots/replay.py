@@ -34,13 +34,20 @@ class ReplayBuffer:
         self._groups.append(group)
         return True
 
-    def sample(self, k: int, rng: np.random.Generator) -> list[Group]:
-        """Up to k distinct groups, uniformly; fewer when the buffer holds fewer (the caller
-        generates the shortfall fresh)."""
+    def sample(self, k: int, rng: np.random.Generator, recency: float = 0.0) -> list[Group]:
+        """Up to k distinct groups; fewer when the buffer holds fewer (the caller generates the
+        shortfall fresh). Uniform by default (the paper); `recency` > 0 weighs a group by
+        exp(−recency · age), age in policy versions behind the newest group, so replay leans
+        to fresher, less off-policy groups."""
         k = min(k, len(self._groups))
         if k <= 0:
             return []
-        idx = rng.choice(len(self._groups), size=k, replace=False)
+        weights = None
+        if recency > 0:
+            versions = np.array([g.version for g in self._groups], dtype=np.float64)
+            w = np.exp(-recency * (versions.max() - versions))
+            weights = w / w.sum()
+        idx = rng.choice(len(self._groups), size=k, replace=False, p=weights)
         return [self._groups[int(i)] for i in idx]
 
     @staticmethod

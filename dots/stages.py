@@ -143,12 +143,15 @@ def run_warmup(cfg: Config) -> dict:
 
 
 def _backbone(cfg: Config) -> str:
+    """What an embedding cache is valid for: the backbone's weights (or name) and the pooling."""
     spec = cfg.embed.backbone
     if spec == "warmup":
-        return backbone_identity(paths(cfg).policy)
-    if spec.startswith("hf:") and Path(spec[3:]).is_dir():
-        return backbone_identity(spec[3:])
-    return spec
+        ident = backbone_identity(paths(cfg).policy)
+    elif spec.startswith("hf:") and Path(spec[3:]).is_dir():
+        ident = backbone_identity(spec[3:])
+    else:
+        return spec  # sentence-transformers pools its own way
+    return ident if cfg.embed.pooling == "mean" else f"{ident}|{cfg.embed.pooling}"
 
 
 def embed(cfg: Config) -> dict:
@@ -168,11 +171,11 @@ def embed(cfg: Config) -> dict:
     texts = [q.prompt for q in pool]
     if cfg.embed.backbone == "warmup":
         model, tok = load_policy(p.policy)
-        emb = masked_mean_embeddings(model, tok, texts, cfg.embed.batch_size)
+        emb = masked_mean_embeddings(model, tok, texts, cfg.embed.batch_size, cfg.embed.pooling)
     elif cfg.embed.backbone.startswith("hf:"):  # a frozen hub/local causal LM, e.g. the instruct model
         model, tok = load_policy(cfg.embed.backbone[3:], getattr(torch, cfg.model.dtype))
         model.to(resolve_device(cfg.train.device))
-        emb = masked_mean_embeddings(model, tok, texts, cfg.embed.batch_size)
+        emb = masked_mean_embeddings(model, tok, texts, cfg.embed.batch_size, cfg.embed.pooling)
     elif cfg.embed.backbone.startswith("sentence-transformers:"):
         emb = encode_with_sentence_transformers(cfg.embed.backbone.split(":", 1)[1], texts, cfg.embed.batch_size)
     else:
@@ -228,9 +231,14 @@ def fit(cfg: Config) -> dict:
     return metrics
 
 
-def train(cfg: Config, method: str | None = None, resume: bool = True) -> dict:
+def train(cfg: Config, method: str | None = None, resume: bool = True, run_dir: Path | None = None,
+          checkpoint_dir: Path | None = None, seed_tag: int | None = None) -> dict:
+    """Train one method; `run_dir`/`checkpoint_dir`/`seed_tag` let the benchmark keep one run per seed."""
     method = method or cfg.train.method
     p = paths(cfg)
+    run_dir = run_dir or p.run(method)
+    checkpoint_dir = checkpoint_dir or p.checkpoints(method)
+    wall_start = time.perf_counter()
     pool, held = load_data(cfg)
     predictor = emb = None
     if method in ("dots", "dots_rr"):
@@ -241,14 +249,14 @@ def train(cfg: Config, method: str | None = None, resume: bool = True) -> dict:
         from .tracking import LiveLogger, Tracker  # noqa: PLC0415
 
         logger = LiveLogger(Tracker(cfg), method, cfg.tracking.log_every,
-                            fallback=p.run(method) / "mlflow_fallback.jsonl")
+                            fallback=run_dir / "mlflow_fallback.jsonl", seed=seed_tag)
     with Progress(f"train {method}", cfg.train.steps) as bar:
         def on_step(rec: dict) -> None:
             bar.update(rec["step"], reward=rec["train/reward_mean"], acc=rec.get("eval/accuracy"))
             if logger is not None:
                 logger(rec)
-        trainer = Trainer(cfg, method, policy_path(cfg), pool, held, p.run(method), predictor, emb, resume=resume,
-                          on_step=on_step, checkpoint_dir=p.checkpoints(method))
+        trainer = Trainer(cfg, method, policy_path(cfg), pool, held, run_dir, predictor, emb, resume=resume,
+                          on_step=on_step, checkpoint_dir=checkpoint_dir)
         bar.update(trainer.step)
         if logger is not None:
             logger.catch_up(trainer.records)
@@ -260,9 +268,10 @@ def train(cfg: Config, method: str | None = None, resume: bool = True) -> dict:
     if logger is not None:
         logger.finish(s, result.evals)
         extra["tracking_s"] = logger.seconds
-    if extra and trainer.dist.main:  # figures known only after the run files were written: one more write
-        s.update(extra)
-        _write_json(p.run(method) / "summary.json", s)
+    extra["wall_s"] = time.perf_counter() - wall_start  # the whole call: loading, training, evals, tracking
+    s.update(extra)  # figures known only after the run files were written: one more write of the summary
+    if trainer.dist.main:
+        _write_json(run_dir / "summary.json", s)
     say(f"train {method}: final accuracy {s['final_accuracy']:.3f} (from {s['initial_accuracy']:.3f}) after "
         f"{s['steps']} steps, {s['elapsed_s']:.0f}s training clock")
     return s

@@ -140,15 +140,19 @@ class Tracker:
         self._log_params(run.info.run_id)
         return run.info.run_id
 
-    def child(self, method: str) -> tuple[str, int]:
-        """(run id, last logged step) of the method's child run, created when missing."""
+    def child(self, method: str, seed: int | None = None) -> tuple[str, int]:
+        """(run id, last logged step) of the method's child run (one per seed in a benchmark),
+        created when missing."""
         parent = self.parent()
-        run = self._find(f"and tags.method = '{method}' and tags.`dots.role` = 'train'")
+        by_seed = "" if seed is None else f" and tags.seed = '{seed}'"
+        run = self._find(f"and tags.method = '{method}' and tags.`dots.role` = 'train'{by_seed}")
         if run is not None:
             self.client.update_run(run.info.run_id, status="RUNNING")
             return run.info.run_id, int(run.data.tags.get(LOGGED_TAG, 0))
-        run = self.client.create_run(self.experiment_id, run_name=method, tags=self._tags(
-            method=method, **{"mlflow.parentRunId": parent, "dots.role": "train", LOGGED_TAG: "0"}))
+        extra = {} if seed is None else {"seed": str(seed)}
+        run = self.client.create_run(self.experiment_id, run_name=method if seed is None else f"{method}/seed{seed}",
+                                     tags=self._tags(method=method, **extra, **{
+                                         "mlflow.parentRunId": parent, "dots.role": "train", LOGGED_TAG: "0"}))
         self._log_params(run.info.run_id)
         return run.info.run_id, 0
 
@@ -213,9 +217,10 @@ class LiveLogger:
     `fallback` (JSON lines) and reported, so no metric is lost.
     """
 
-    def __init__(self, tracker: Tracker, method: str, every: int, fallback: str | Path | None = None):
+    def __init__(self, tracker: Tracker, method: str, every: int, fallback: str | Path | None = None,
+                 seed: int | None = None):
         self.tracker, self.every = tracker, every
-        self.run_id, self.logged = tracker.child(method)  # unreachable store: fails here, before training
+        self.run_id, self.logged = tracker.child(method, seed)  # unreachable store: fails here, before training
         self.start_ms = int(time.time() * 1000)
         self.buffer: list[dict] = []
         self.fallback = Path(fallback) if fallback is not None else None
@@ -293,5 +298,25 @@ def log_comparison(cfg: Config, comparison: dict, artifacts: list[Path]) -> str:
     config_file = cfg.root / "compare" / "config.json"
     write_text(config_file, json.dumps(scrub_tree(cfg.model_dump()), indent=1))
     tracker.log_artifacts(parent, [config_file, *artifacts])
+    tracker.client.set_terminated(parent, "FINISHED")
+    return parent
+
+
+def log_bench(cfg: Config, result: dict, artifacts: list[Path]) -> str:
+    """The benchmark's medians, ratios and goals on its parent run, with the table and plot."""
+    from mlflow.entities import Metric  # noqa: PLC0415
+
+    tracker = Tracker(cfg)
+    parent = tracker.parent()
+    now = int(time.time() * 1000)
+    metrics = []
+    for method, stats in result["summary"].items():
+        for key in ("time_to_target_s", "time_to_target_ratio", "steps_to_target", "final_accuracy", "step_s",
+                    "effective_ratio", "dots_pearson"):
+            value = stats.get(key)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                metrics.append(Metric(f"bench/{key}/{method}", float(value), now, 0))
+    tracker.client.log_batch(parent, metrics=metrics)
+    tracker.log_artifacts(parent, artifacts, "bench")
     tracker.client.set_terminated(parent, "FINISHED")
     return parent

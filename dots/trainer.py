@@ -22,6 +22,7 @@ over *all* groups by scaling — the gradient is the same, the cost is not.
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from collections.abc import Callable
@@ -157,11 +158,16 @@ class Trainer:
                                  "(run `dots embed` and `dots fit-predictor`)")
             if embeddings.shape[0] != len(pool):
                 raise ValueError(f"embeddings: {embeddings.shape[0]} rows for a pool of {len(pool)} questions")
+            if cfg.selection.online_calibration:  # refitted in place each round: never the caller's copy
+                self.predictor = predictor = copy.deepcopy(predictor)
             self.projections = predictor.project_pool(embeddings)  # once: rounds reuse them
         # DOTS round state
         self.round_pred: np.ndarray | None = None
         self.round_available: np.ndarray | None = None
         self.ref_queue: list[Group] = []
+        self.round_refs: np.ndarray | None = None  # online calibration: the round's references, their labels,
+        self.round_ref_labels: np.ndarray | None = None  # and the (question, observed d) of its selections
+        self.round_seen: list[tuple[int, float]] = []
         # progress
         self.step, self.elapsed = 0, 0.0
         self.records: list[dict] = []
@@ -200,6 +206,11 @@ class Trainer:
         refs = self.dist.decide(lambda: self.np_rng.choice(len(self.pool), size=s.ref_size, replace=False))
         ref_groups = self._rollout(refs)
         observed = np.array([1.0 - g.mean_reward for g in ref_groups])
+        if s.online_calibration and self.round_seen:
+            q, d = np.array(self.round_seen).T
+            rec["dots/calibration_bce"] = self.dist.decide(lambda: self.predictor.refit_calibration(
+                self.projections, self.round_refs, self.round_ref_labels, q.astype(np.int64), d))
+        self.round_refs, self.round_ref_labels, self.round_seen = refs, observed, []
         self.round_pred = self.dist.decide(lambda: self.predictor.predict_projected(self.projections, refs,
                                                                                     observed))
         self.round_available = np.ones(len(self.pool), dtype=bool)
@@ -230,6 +241,7 @@ class Trainer:
             observed = np.array([1.0 - g.mean_reward for g in groups])
             rec["dots/pearson"] = pearson(self.round_pred[idx], observed)
             rec["dots/mae"] = float(np.abs(self.round_pred[idx] - observed).mean())
+            self.round_seen.extend(zip(idx.tolist(), observed.tolist()))
         return taken + groups
 
     # ---- update ----------------------------------------------------------------------------
@@ -253,7 +265,7 @@ class Trainer:
         if self.uses_replay:
             n_replay = b - max(1, int(round(cfg.replay.delta * b)))
             # shortfall is generated fresh below; rank 0 draws, every rank replays the same groups
-            replayed = self.dist.decide(lambda: self.buffer.sample(n_replay, self.np_rng))
+            replayed = self.dist.decide(lambda: self.buffer.sample(n_replay, self.np_rng, cfg.replay.recency))
         fresh = self._fresh_groups(b - len(replayed), rec, timers)
         if self.uses_replay:
             for g in fresh:
@@ -340,7 +352,10 @@ class Trainer:
             "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(),
             "buffer": self.buffer.state_dict(),
             "round": {"pred": _tensor(self.round_pred), "available": _tensor(self.round_available),
-                      "ref_queue": [g.__dict__.copy() for g in self.ref_queue]},
+                      "ref_queue": [g.__dict__.copy() for g in self.ref_queue],
+                      "refs": _tensor(self.round_refs), "ref_labels": _tensor(self.round_ref_labels),
+                      "seen": torch.tensor(self.round_seen, dtype=torch.float64).reshape(-1, 2),
+                      "calibration": self.predictor.calibration.state_dict() if self.predictor else None},
             "records": self.records, "evals": self.evals,
         })
 
@@ -369,6 +384,10 @@ class Trainer:
         rnd = state["round"]
         self.round_pred, self.round_available = _array(rnd["pred"]), _array(rnd["available"])
         self.ref_queue = [Group(**g) for g in rnd["ref_queue"]]
+        self.round_refs, self.round_ref_labels = _array(rnd.get("refs")), _array(rnd.get("ref_labels"))
+        self.round_seen = [(int(q), float(d)) for q, d in rnd["seen"].tolist()] if "seen" in rnd else []
+        if self.predictor is not None and rnd.get("calibration") is not None:
+            self.predictor.calibration.load_state_dict(rnd["calibration"])  # refitted online
         self.step, self.elapsed = state["step"], state["elapsed"]
         self.records, self.evals = state["records"], state["evals"]
         say(f"{self.checkpoint_dir}: resuming from step {self.step}")

@@ -102,12 +102,23 @@ def summary_has_no_ratio(root, method) -> bool:
 def test_a_rerun_reads_finished_runs_back_instead_of_training(bench_run):
     root, overrides, _ = bench_run
     cfg = bench.bench_config(load_config(REPO / "params.yaml", overrides))
-    records = cfg.root / "runs" / "dots_rr" / "seed1" / "records.jsonl"
+    records = bench.run_dirs(cfg, 1, "dots_rr")[0] / "records.jsonl"
     before = records.stat().st_mtime_ns
     os.environ.pop("DOTS_PIPELINE_ID", None)
     bench.run_bench(cfg, [0, 1], METHODS, root / "results2")
     assert records.stat().st_mtime_ns == before
     assert (root / "results2" / "table.md").exists()
+
+
+def test_a_variant_of_the_selection_params_reuses_the_grpo_and_rr_runs():
+    from dots.config import Config
+
+    base, variant = Config(), load_config(None, ["selection.tau=0.3", "selection.online_calibration=true"])
+    for method in ("grpo", "rr"):
+        assert bench.run_dirs(base, 0, method) == bench.run_dirs(variant, 0, method)
+    for method in ("dots", "dots_rr"):
+        assert bench.run_dirs(base, 0, method) != bench.run_dirs(variant, 0, method)
+    assert bench.run_dirs(base, 0, "grpo") != bench.run_dirs(base, 1, "grpo")
 
 
 def test_runs_are_interleaved_and_the_order_rotates():

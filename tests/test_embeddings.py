@@ -143,3 +143,21 @@ def test_masked_mean_is_the_mean_of_hidden_states(random_backbone):
     with torch.no_grad():
         hidden = model(input_ids=ids, output_hidden_states=True).hidden_states[-1]
     assert torch.allclose(masked_mean_embeddings(model, tok, [text])[0], hidden[0].mean(0), atol=1e-5)
+
+
+def test_mean_plus_last_pooling_is_the_mean_beside_the_last_prompt_token(tiny_pipeline):
+    from dots import stages
+    from dots.models import load_policy
+
+    model, tok = load_policy(stages.paths(tiny_pipeline).policy)
+    texts = ["7+8=", "372+45=", "12+3+4="]
+    both = masked_mean_embeddings(model, tok, texts, pooling="mean+last")
+    mean = masked_mean_embeddings(model, tok, texts)
+    d = mean.shape[1]
+    assert both.shape == (3, 2 * d) and torch.allclose(both[:, :d], mean, atol=1e-6)
+    for i, text in enumerate(texts):  # the last token's state, however the batch was padded
+        enc = tok([text], return_tensors="pt")
+        hidden = model(**enc, output_hidden_states=True).hidden_states[-1]
+        assert torch.allclose(both[i, d:], hidden[0, -1], atol=1e-5)
+    with pytest.raises(ValueError, match="embed.pooling"):
+        masked_mean_embeddings(model, tok, texts, pooling="max")
