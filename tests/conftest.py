@@ -100,11 +100,11 @@ def tiny_pipeline(tmp_path_factory):
 def pipeline_data(tiny_pipeline):
     """(pool, eval set, embeddings, predictor) of the tiny pipeline."""
     from dots import stages
-    from dots.embeddings import backbone_identity, load_embeddings
+    from dots.embeddings import load_embeddings
     from dots.predictor import load_predictor
 
     cfg = tiny_pipeline
     p = stages.paths(cfg)
     pool, held = stages.load_data(cfg)
-    emb = load_embeddings(p.embeddings, backbone_identity(p.policy), pool)
+    emb = load_embeddings(p.embeddings, stages._backbone(cfg), pool)
     return pool, held, emb, load_predictor(p.predictor)

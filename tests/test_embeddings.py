@@ -72,7 +72,7 @@ def test_embed_reuses_a_current_cache(copied_root):
     before = p.embeddings.read_bytes()
     out = stages.embed(cfg)
     assert out["cached"] is True
-    assert out["shape"] == [cfg.task.pool_size, cfg.model.n_embd]
+    assert out["shape"] == [cfg.task.pool_size, cfg.model.n_embd * (2 if cfg.embed.pooling == "mean+last" else 1)]
     assert p.embeddings.read_bytes() == before
 
 
@@ -80,14 +80,14 @@ def test_embed_recomputes_after_the_pool_changes(copied_root):
     cfg = copied_root
     p = stages.paths(cfg)
     pool = load_questions(p.pool)
-    old = load_embeddings(p.embeddings, backbone_identity(p.policy), pool)
+    old = load_embeddings(p.embeddings, stages._backbone(cfg), pool)
     pool[0], pool[1] = pool[1], pool[0]
     save_questions(pool, p.pool)
     with pytest.raises(StaleCacheError):
-        load_embeddings(p.embeddings, backbone_identity(p.policy), pool)
+        load_embeddings(p.embeddings, stages._backbone(cfg), pool)
     out = stages.embed(cfg)
     assert out["cached"] is False
-    new = load_embeddings(p.embeddings, backbone_identity(p.policy), pool)  # current again
+    new = load_embeddings(p.embeddings, stages._backbone(cfg), pool)  # current again
     assert torch.allclose(new[0], old[1], atol=1e-5) and torch.allclose(new[1], old[0], atol=1e-5)
     assert torch.allclose(new[2:], old[2:], atol=1e-5)
     assert stages.embed(cfg)["cached"] is True
@@ -98,7 +98,7 @@ def test_embed_recomputes_after_the_backbone_changes(copied_root):
     p = stages.paths(cfg)
     pool = load_questions(p.pool)
     ident = backbone_identity(p.policy)
-    old = load_embeddings(p.embeddings, ident, pool)
+    old = load_embeddings(p.embeddings, stages._backbone(cfg), pool)
     model, tok = load_policy(p.policy)
     with torch.no_grad():
         model.transformer.wte.weight.mul_(1.5)
@@ -106,7 +106,7 @@ def test_embed_recomputes_after_the_backbone_changes(copied_root):
     assert backbone_identity(p.policy) != ident
     out = stages.embed(cfg)
     assert out["cached"] is False
-    new = load_embeddings(p.embeddings, backbone_identity(p.policy), pool)
+    new = load_embeddings(p.embeddings, stages._backbone(cfg), pool)
     assert new.shape == old.shape and not torch.allclose(new, old)
 
 
