@@ -108,30 +108,23 @@ def train_one(cfg: Config, seed: int, method: str) -> dict:
     return summary
 
 
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines() if line]
-
-
-def _mean(records: list[dict], key: str) -> float | None:
-    vals = [r[key] for r in records if r.get(key) is not None]
-    return float(np.mean(vals)) if vals else None
-
-
 def run_row(cfg: Config, seed: int, method: str, target: float | None) -> dict:
     run_dir, _ = run_dirs(cfg, seed, method)
     summary = json.loads((run_dir / "summary.json").read_text())
     evals = json.loads((run_dir / "evals.json").read_text())
-    recs = _records(run_dir)
+    def mean(key: str):  # the per-step means the run's summary already holds
+        return summary.get(f"mean:{key}")
+
     tts, sts = time_to_target(evals, target)
     row = {"method": method, "seed": seed, "target_accuracy": target, "time_to_target_s": tts,
            "steps_to_target": sts, "final_accuracy": summary["final_accuracy"],
            "best_accuracy": max(e["accuracy"] for e in evals), "elapsed_s": summary["elapsed_s"],
-           "step_s": _mean(recs, "time/step_s"), "effective_ratio": _mean(recs, "train/effective_ratio"),
-           "staleness": _mean(recs, "replay/staleness_mean"), "dots_pearson": _mean(recs, "dots/pearson"),
+           "step_s": mean("time/step_s"), "effective_ratio": mean("train/effective_ratio"),
+           "staleness": mean("replay/staleness_mean"), "dots_pearson": mean("dots/pearson"),
            "wall_s": summary.get("wall_s"), "tracking_s": summary.get("tracking_s"),
            "orchestration_s": summary.get("orchestration_s")}
     for part in SPLIT:
-        row[f"{part}_s"] = _mean(recs, f"time/{part}_s")
+        row[f"{part}_s"] = mean(f"time/{part}_s")
     row["other_s"] = row["step_s"] - sum(row[f"{p}_s"] for p in SPLIT) if row["step_s"] is not None else None
     return row
 

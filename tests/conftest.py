@@ -108,3 +108,12 @@ def pipeline_data(tiny_pipeline):
     pool, held = stages.load_data(cfg)
     emb = load_embeddings(p.embeddings, stages._backbone(cfg), pool)
     return pool, held, emb, load_predictor(p.predictor)
+
+
+def mlflow_runs(db: str | Path):
+    """(client, every run of the `dots` experiment) of a local sqlite MLflow store."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("dots")
+    return client, client.search_runs([exp.experiment_id])

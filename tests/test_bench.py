@@ -12,7 +12,7 @@ import pytest
 from dots import bench
 from dots.config import load_config
 
-from .conftest import REPO
+from .conftest import REPO, mlflow_runs
 from .test_cli import SMALL
 
 DEEPSCALER = REPO.parent / "shared" / "data" / "deepscaler.parquet"
@@ -76,12 +76,8 @@ def test_every_run_records_its_split_and_what_prefect_added(bench_run):
 
 
 def test_mlflow_has_one_child_per_method_and_seed_under_one_parent(bench_run):
-    from mlflow.tracking import MlflowClient
-
     root, _, _ = bench_run
-    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("dots")
-    runs = client.search_runs([exp.experiment_id])
+    client, runs = mlflow_runs(root / "mlflow.db")
     children = [r for r in runs if r.data.tags.get("dots.role") == "train"]
     assert sorted((r.data.tags["method"], r.data.tags["seed"]) for r in children) == sorted(
         (m, s) for m in METHODS for s in ("0", "1"))

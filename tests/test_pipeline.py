@@ -23,7 +23,7 @@ import yaml
 from dots import versioning
 from dots.config import load_config
 
-from .conftest import REPO
+from .conftest import REPO, mlflow_runs
 from .test_cli import SMALL
 
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
@@ -131,12 +131,8 @@ def test_set_params_refuses_bad_values_and_leaves_the_file_alone(flow_repo):
 
 
 def test_mlflow_store_has_parent_children_names_tags_and_plot(flow_repo):
-    from mlflow.tracking import MlflowClient
-
     repo, _, _ = flow_repo
-    client = MlflowClient(f"sqlite:///{repo / 'artifacts' / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("dots")
-    runs = client.search_runs([exp.experiment_id])
+    client, runs = mlflow_runs(repo / "artifacts" / "mlflow.db")
     parents = [r for r in runs if r.data.tags.get("dots.role") == "pipeline"]
     children = {r.data.tags["method"]: r for r in runs if r.data.tags.get("dots.role") == "train"}
     assert len(parents) == 1 and set(children) == {"grpo", "dots_rr"}
