@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .fast_decode import shared_prompt_logits, supports
 from .rollout import Group
 
 
@@ -76,14 +77,22 @@ def collate(groups: list[Group], pad_id: int, scale_rewards: str = "none") -> Ba
     return Batch(ids, attn, pos, resp, mask, old, adv, width)
 
 
-def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
-    """(N, L) log π(o_t | q, o_<t) under `model`, at the sampling temperature."""
+def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0,
+                   shared_prompts: bool = True) -> torch.Tensor:
+    """(N, L) log π(o_t | q, o_<t) under `model`, at the sampling temperature.
+
+    For the embedded GPT-2 each distinct prompt is run once (`dots.fast_decode`); any
+    other model, or `shared_prompts=False`, takes the model's own forward over every row."""
     length = batch.response_ids.shape[1]
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids, use_cache=False,
-                logits_to_keep=length + 1)
-    # logits_to_keep keeps the last L+1 positions; position P-1+t predicts response token t.
-    logits = out.logits[:, :-1, :].float() / temperature
+    if shared_prompts and supports(model):
+        logits = shared_prompt_logits(model, batch.input_ids, batch.attention_mask, batch.position_ids,
+                                      batch.prompt_width).float() / temperature
+    else:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids, use_cache=False,
+                    logits_to_keep=length + 1)
+        # logits_to_keep keeps the last L+1 positions; position P-1+t predicts response token t.
+        logits = out.logits[:, :-1, :].float() / temperature
     logp = torch.log_softmax(logits, dim=-1)
     return logp.gather(-1, batch.response_ids[..., None]).squeeze(-1)
 

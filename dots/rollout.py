@@ -15,6 +15,8 @@ from typing import Protocol
 
 import torch
 
+from .fast_decode import GPT2Decoder, supports
+
 
 @dataclass
 class Group:
@@ -58,6 +60,30 @@ class RolloutEngine(Protocol):
         ...
 
 
+class _TransformersDecoder:
+    """Incremental decoding through the model's own `forward` and KV cache: any causal LM."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def prefill(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        if rows is not None:
+            ids, attn, pos = ids[rows], attn[rows], pos[rows]
+        self.attn = attn
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
+        self.cache = out.cache
+        return out.logits[:, -1, :]
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.attn = torch.cat([self.attn, torch.ones((tok.shape[0], 1), dtype=self.attn.dtype,
+                                                     device=self.attn.device)], dim=1)
+        out = self.model(input_ids=tok[:, None], attention_mask=self.attn, position_ids=pos, cache=self.cache,
+                         use_cache=True, logits_to_keep=1)
+        self.cache = out.cache
+        return out.logits[:, -1, :]
+
+
 @dataclass
 class HFEngine:
     """Batched sampling with a KV cache on a transformers causal LM (CPU or one GPU)."""
@@ -65,6 +91,7 @@ class HFEngine:
     model: torch.nn.Module
     tokenizer: object
     batch_size: int = 1024
+    fast: bool = True  # the lean GPT-2 decoder (dots.fast_decode) where the model allows it
     _pad: int = field(init=False)
     _eos: int = field(init=False)
 
@@ -79,11 +106,17 @@ class HFEngine:
     def _sample_batch(self, prompts: list[list[int]], temperature: float, max_new_tokens: int, greedy: bool,
                       generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompts)
+        unique, order = [], []  # a prompt sampled G times sits in G consecutive rows: run it once
+        for p in prompts:
+            if not unique or unique[-1] != p:
+                unique.append(p)
+            order.append(len(unique) - 1)
+        rows = torch.tensor(order, dtype=torch.long, device=device)
+        width = max(len(p) for p in unique)
         n = len(prompts)
-        ids = torch.full((n, width), self._pad, dtype=torch.long)
-        attn = torch.zeros((n, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
+        ids = torch.full((len(unique), width), self._pad, dtype=torch.long)
+        attn = torch.zeros((len(unique), width), dtype=torch.long)
+        for i, p in enumerate(unique):
             ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             attn[i, width - len(p):] = 1
         ids, attn = ids.to(device), attn.to(device)
@@ -92,13 +125,12 @@ class HFEngine:
         out_lp = torch.zeros((n, max_new_tokens), device=device)
         out_mask = torch.zeros((n, max_new_tokens), dtype=torch.bool, device=device)
         alive = torch.ones(n, dtype=torch.bool, device=device)
-        cache, step_ids, step_pos = None, ids, pos
+        decoder = (GPT2Decoder(self.model, max_new_tokens) if self.fast and supports(self.model)
+                   else _TransformersDecoder(self.model))
+        logits = decoder.prefill(ids, attn, pos, rows)
+        step_pos = pos[rows, -1:]
         for t in range(max_new_tokens):
-            out = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
-                             cache=cache, use_cache=True, logits_to_keep=1)
-            cache = out.cache
-            logits = out.logits[:, -1, :].float()
-            logp = torch.log_softmax(logits / temperature, dim=-1)
+            logp = torch.log_softmax(logits.float() / temperature, dim=-1)
             if greedy:
                 tok = logp.argmax(-1)
             else:
@@ -108,15 +140,12 @@ class HFEngine:
             out_lp[:, t] = torch.where(alive, logp.gather(-1, tok[:, None]).squeeze(-1), 0.0)
             out_mask[:, t] = alive
             alive = alive & (tok != self._eos)
-            if t == 0:
-                step_pos = pos[:, -1:] + 1
-            else:
-                step_pos = step_pos + 1
-            step_ids = tok[:, None]
-            attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=device)], dim=1)
             if not alive.any():
                 out_ids, out_lp, out_mask = out_ids[:, : t + 1], out_lp[:, : t + 1], out_mask[:, : t + 1]
                 break
+            if t + 1 < max_new_tokens:
+                step_pos = step_pos + 1
+                logits = decoder.step(tok, step_pos)
         return out_ids.cpu(), out_mask.cpu(), out_lp.cpu()
 
     def generate(self, prompts: list[list[int]], n: int, *, temperature: float = 1.0, max_new_tokens: int = 16,

@@ -1,0 +1,168 @@
+"""A lean incremental decoder for the embedded GPT-2 policy, used by the `hf` rollout engine.
+
+Why: the embedded policy is tiny (3 layers, 64 wide, 15 tokens), so a transformers
+`forward` per generated token is mostly framework work (cache objects, mask building,
+output dataclasses), not arithmetic. Profiling a `grpo` step put about three quarters of
+it in rollout, and most of that in this overhead. This module runs the same GPT-2 math
+straight on the model's own weights (no copy, so it always samples the current policy),
+with one preallocated key/value buffer per layer and `scaled_dot_product_attention`.
+
+It serves only the plain GPT-2 layout that `dots.models.build_model` makes; anything else
+(`supports` says False) keeps the transformers path. `tests/test_fast_decode.py` checks
+that both paths give the same log-probabilities at every step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """True for a GPT2LMHeadModel in the layout this decoder reproduces exactly."""
+    cfg = getattr(model, "config", None)
+    return (type(model).__name__ == "GPT2LMHeadModel" and cfg is not None
+            and cfg.activation_function in ("gelu_new", "gelu_pytorch_tanh")
+            and cfg.scale_attn_weights and not cfg.scale_attn_by_inverse_layer_idx
+            and not cfg.reorder_and_upcast_attn and not cfg.add_cross_attention
+            and model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr())
+
+
+class GPT2Decoder:
+    """prefill(ids, attn, pos) -> last-position logits; step(tok, pos) -> next logits.
+
+    Left-padded prompts: `attn` marks real tokens. A padded query attends to itself only,
+    so no row of the softmax is empty (which would put NaNs into the cache).
+    """
+
+    def __init__(self, model: torch.nn.Module, max_new_tokens: int):
+        self.model = model
+        self.cfg = model.config
+        self.heads = self.cfg.n_head
+        self.head_dim = self.cfg.n_embd // self.cfg.n_head
+        self.max_new_tokens = max_new_tokens
+        self.blocks = model.transformer.h
+        self.eps = self.cfg.layer_norm_epsilon
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:  # (n, T, E) -> (n, H, T, d)
+        n, t, _ = x.shape
+        return x.view(n, t, self.heads, self.head_dim).transpose(1, 2)
+
+    def _layers(self, h: torch.Tensor, mask: torch.Tensor, at: slice) -> torch.Tensor:
+        """Run every block on hidden states h for cache positions `at`, attending under `mask`."""
+        end = at.stop
+        for i, block in enumerate(self.blocks):
+            a = F.layer_norm(h, (h.shape[-1],), block.ln_1.weight, block.ln_1.bias, self.eps)
+            qkv = torch.addmm(block.attn.c_attn.bias, a.reshape(-1, a.shape[-1]), block.attn.c_attn.weight)
+            q, k, v = qkv.view(h.shape[0], h.shape[1], -1).split(self.cfg.n_embd, dim=2)
+            self.k[i][:, :, at] = self._split(k)
+            self.v[i][:, :, at] = self._split(v)
+            o = F.scaled_dot_product_attention(self._split(q), self.k[i][:, :, :end], self.v[i][:, :, :end],
+                                               attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
+            o = o.transpose(1, 2).reshape(-1, self.cfg.n_embd)
+            h = h + torch.addmm(block.attn.c_proj.bias, o, block.attn.c_proj.weight).view_as(h)
+            m = F.layer_norm(h, (h.shape[-1],), block.ln_2.weight, block.ln_2.bias, self.eps)
+            m = torch.addmm(block.mlp.c_fc.bias, m.reshape(-1, m.shape[-1]), block.mlp.c_fc.weight)
+            m = F.gelu(m, approximate="tanh")
+            h = h + torch.addmm(block.mlp.c_proj.bias, m, block.mlp.c_proj.weight).view_as(h)
+        return h
+
+    def _logits(self, h_last: torch.Tensor) -> torch.Tensor:
+        tr = self.model.transformer
+        h = F.layer_norm(h_last, (h_last.shape[-1],), tr.ln_f.weight, tr.ln_f.bias, self.eps)
+        return h @ tr.wte.weight.t()
+
+    def _embed(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        tr = self.model.transformer
+        return tr.wte.weight[ids] + tr.wpe.weight[pos]
+
+    def prefill(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the prompts; `rows` (optional) maps each sequence to its prompt, so a prompt
+        sampled G times is run once and its keys/values copied G times."""
+        n, width = ids.shape
+        total = width + self.max_new_tokens
+        dtype, device = self.model.transformer.wte.weight.dtype, ids.device
+        self.k = [torch.empty((n, self.heads, total, self.head_dim), dtype=dtype, device=device)
+                  for _ in self.blocks]
+        self.v = [torch.empty_like(k) for k in self.k]
+        causal = torch.ones((width, width), dtype=torch.bool, device=device).tril()
+        eye = torch.eye(width, dtype=torch.bool, device=device)
+        mask = causal & (attn.bool()[:, None, :] | eye)  # (n, W, W)
+        h = self._layers(self._embed(ids, pos), mask[:, None], slice(0, width))
+        logits = self._logits(h[:, -1])
+        if rows is not None:
+            self.k = [k[rows] for k in self.k]
+            self.v = [v[rows] for v in self.v]
+            attn, logits = attn[rows], logits[rows]
+        self.valid = torch.zeros((attn.shape[0], total), dtype=torch.bool, device=device)
+        self.valid[:, :width] = attn.bool()
+        self.length = width
+        return logits
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        at = self.length
+        self.valid[:, at] = True
+        self.length += 1
+        mask = self.valid[:, None, None, : self.length]  # (n, 1, 1, T)
+        h = self._layers(self._embed(tok[:, None], pos), mask, slice(at, at + 1))
+        return self._logits(h[:, -1])
+
+
+def _block(block, h: torch.Tensor, eps: float, n_embd: int, heads: int):
+    """LayerNorm and q/k/v of one block for hidden states h: (n, T, E) -> three (n, H, T, d)."""
+    a = F.layer_norm(h, (n_embd,), block.ln_1.weight, block.ln_1.bias, eps)
+    q, k, v = (block.attn.c_attn(a)).split(n_embd, dim=2)
+    n, t = h.shape[:2]
+    return [x.view(n, t, heads, n_embd // heads).transpose(1, 2) for x in (q, k, v)]
+
+
+def _finish(block, h: torch.Tensor, o: torch.Tensor, eps: float, n_embd: int) -> torch.Tensor:
+    """Attention output projection, residual, then the MLP with its residual."""
+    h = h + block.attn.c_proj(o.transpose(1, 2).reshape(h.shape))
+    m = F.layer_norm(h, (n_embd,), block.ln_2.weight, block.ln_2.bias, eps)
+    return h + block.mlp.c_proj(F.gelu(block.mlp.c_fc(m), approximate="tanh"))
+
+
+def shared_prompt_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         position_ids: torch.Tensor, prompt_width: int) -> torch.Tensor:
+    """Logits that predict each response token, (N, L, V), for a training batch whose rows
+    are [left-padded prompt | response], with autograd.
+
+    Why: a group's G samples share one prompt, and prompts are most of each row (a
+    15-character sum against a 5-token answer), so running every prompt once and letting
+    its G responses attend to the same keys/values cuts the update's work several times.
+    Rows with the same prompt must be consecutive (as `dots.loss.collate` lays them out);
+    the gradient of a shared prompt sums over its responses, as in the unshared forward.
+    """
+    cfg = model.config
+    tr = model.transformer
+    eps, n_embd, heads = cfg.layer_norm_epsilon, cfg.n_embd, cfg.n_head
+    scale = 1.0 / math.sqrt(n_embd // heads)
+    n, width = input_ids.shape[0], prompt_width
+    length = input_ids.shape[1] - width
+    p_ids, p_attn = input_ids[:, :width], attention_mask[:, :width].bool()
+    new = torch.ones(n, dtype=torch.bool, device=input_ids.device)
+    new[1:] = (p_ids[1:] != p_ids[:-1]).any(-1) | (p_attn[1:] != p_attn[:-1]).any(-1)
+    rows = new.long().cumsum(0) - 1
+    first = new.nonzero().squeeze(-1)
+    u_attn = p_attn[first]
+    h = tr.wte(p_ids[first]) + tr.wpe(position_ids[first, :width])
+    r = tr.wte(input_ids[:, width:]) + tr.wpe(position_ids[:, width:])
+    eye = torch.eye(width, dtype=torch.bool, device=h.device)
+    mask_p = (torch.ones((width, width), dtype=torch.bool, device=h.device).tril() & (u_attn[:, None, :] | eye))
+    causal_r = torch.cat([torch.ones((length, width), dtype=torch.bool, device=h.device),
+                          torch.ones((length, length), dtype=torch.bool, device=h.device).tril()], dim=1)
+    keys_r = torch.cat([u_attn[rows], attention_mask[:, width:].bool()], dim=1)
+    mask_r = (causal_r[None] & keys_r[:, None, :])[:, None]  # (N, 1, L, W+L)
+    for block in tr.h:
+        qp, kp, vp = _block(block, h, eps, n_embd, heads)
+        qr, kr, vr = _block(block, r, eps, n_embd, heads)
+        op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask_p[:, None], scale=scale)
+        orr = F.scaled_dot_product_attention(qr, torch.cat([kp[rows], kr], dim=2), torch.cat([vp[rows], vr], dim=2),
+                                             attn_mask=mask_r, scale=scale)
+        h, r = _finish(block, h, op, eps, n_embd), _finish(block, r, orr, eps, n_embd)
+    last = torch.cat([h[rows, -1:], r[:, : length - 1]], dim=1)
+    return F.layer_norm(last, (n_embd,), tr.ln_f.weight, tr.ln_f.bias, eps) @ tr.wte.weight.t()
