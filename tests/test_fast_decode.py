@@ -19,7 +19,9 @@ def policy():
     with torch.no_grad():  # spread the weights so logits are far from uniform and differences show
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    return model.eval(), tok
+    # float64: the two paths order their sums differently, and in float32 these large logits
+    # differ by up to ~1e-5 from run to run; in float64 any real difference still shows
+    return model.double().eval(), tok
 
 
 def _batch(tok, prompts):
