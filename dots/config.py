@@ -181,7 +181,22 @@ class RewardConfig(_Section):
 class EvalConfig(_Section):
     every: int = _range(1, None, default=5, desc="steps between held-out evaluations (the resolution of "
                                                   "time-to-target)")
-    batch_size: int = _range(1, None, default=1024, desc="questions per greedy-decoding batch")
+    batch_size: int = _range(1, None, default=1024, desc="sequences per evaluation decoding batch")
+    metric: Literal["sampled", "greedy"] = Field("sampled", description="'sampled': mean reward of "
+                                                 "eval.samples answers per held-out question at the rollout "
+                                                 "temperature (mean@k, the usual RLVR metric; it keeps moving "
+                                                 "while the policy sharpens); 'greedy': exact match of one "
+                                                 "greedy answer (saturates early)")
+    samples: int = _range(1, None, default=4, desc="k answers per held-out question (sampled metric)")
+    seed: int = Field(1234, description="seed of the evaluation's sampling, the same at every evaluation "
+                                        "and for every method (common random numbers: differences between "
+                                        "two evaluations come from the policy, not from the dice)")
+    smooth: int = _range(1, None, default=3, desc="evaluations averaged (trailing) before the curve is "
+                                                  "compared with the target; the target is grpo's mean of "
+                                                  "its last `smooth` evaluations")
+    probe_size: int = _range(0, None, default=256, desc="fixed pool questions rolled out (G each) at every "
+                                                        "evaluation to log eval/frontier, the share whose "
+                                                        "sampled pass rate is strictly between 0 and 1 (0: off)")
 
 
 class TrainConfig(_Section):
@@ -197,6 +212,10 @@ class TrainConfig(_Section):
     target_accuracy: float | None = _range(0, 1, default=None,
                                            desc="accuracy for time-to-target; `compare` uses grpo's final")
     threads: int = _range(1, 256, default=2, desc="torch CPU threads")
+    deterministic: bool = Field(True, description="torch's deterministic kernels (and cuBLAS's fixed workspace "
+                                                  "on CUDA): a run's numbers depend on its seed, params and "
+                                                  "train.threads alone, not on the machine's load "
+                                                  "(dots.determinism); off trades that for GPU speed")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the policy trains; auto = cuda "
                                                                        "when available")
 

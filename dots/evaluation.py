@@ -73,15 +73,18 @@ def task_io(cfg) -> TaskIO:
 
 
 def greedy_accuracy(engine: RolloutEngine, tokenizer, questions: list[Question], max_new_tokens: int,
-                    batch_size: int = 1024, io: TaskIO = PLAIN) -> float:
-    correct = 0
+                    batch_size: int = 1024, io: TaskIO = PLAIN, per_question: bool = False):
+    """Share of questions whose greedy answer is right (or, with per_question, each question's 0/1)."""
+    scores: list[float] = []
     for start in range(0, len(questions), batch_size):
         chunk = questions[start:start + batch_size]
         groups = engine.generate(io.encode(tokenizer, chunk), 1, temperature=1.0,
                                  max_new_tokens=max_new_tokens, greedy=True)
         io.score(groups, chunk)
-        correct += sum(int(g.rewards[0]) for g in groups)
-    return correct / max(1, len(questions))
+        scores.extend(float(g.rewards[0]) for g in groups)
+    if per_question:
+        return scores
+    return sum(scores) / max(1, len(questions))
 
 
 def pass_rates(engine: RolloutEngine, tokenizer, questions: list[Question], group_size: int,

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from .determinism import setup_from_config
 from .checkpoints import load_checkpoint
 from .config import Config
 from .evaluation import greedy_accuracy, pass_rates, task_io
@@ -38,7 +39,7 @@ def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path | None
 
     questions = load_pool(data)  # every row validated before any model loads
     start = time.perf_counter()
-    torch.set_num_threads(cfg.train.threads)
+    setup_from_config(cfg)
     source = policy or policy_path(cfg)
     model, tok = load_policy(source, getattr(torch, cfg.model.dtype))
     if checkpoint is not None:

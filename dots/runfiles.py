@@ -49,7 +49,16 @@ def summarize(result: "RunResult") -> dict:
         "steps_to_target": result.steps_to_target,
         "elapsed_s": result.records[-1]["time/elapsed_s"] if result.records else 0.0,
         "initial_accuracy": result.evals[0]["accuracy"] if result.evals else None,
+        "final_accuracy_smoothed": result.final_smoothed,
+        "accuracy_se": result.evals[-1].get("accuracy_se") if result.evals else None,
     }
+    if result.records:  # machine-independent costs of the whole run
+        last = result.records[-1]
+        for key in ("tokens/sampled_total", "tokens/trained_total", "train/groups_trained_total"):
+            out[key] = last.get(key)
+    frontier = [e["frontier"] for e in result.evals if "frontier" in e]
+    if frontier:
+        out["frontier_min"], out["frontier_final"] = float(min(frontier)), float(frontier[-1])
     for key in STEP_FIGURES:
         vals = [r[key] for r in result.records if key in r and r[key] is not None and math.isfinite(r[key])]
         out[f"mean:{key}"] = float(np.mean(vals)) if vals else None

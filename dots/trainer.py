@@ -32,12 +32,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .determinism import setup_from_config
 from .checkpoints import CHECKPOINT, load_checkpoint, save_checkpoint
 from .config import Config
 from .data import Question
 from .distributed import SINGLE, Dist, rank_generator, setup
 from .embeddings import backbone_identity
-from .evaluation import greedy_accuracy, task_io
+from .evaluation import greedy_accuracy, pass_rates, task_io
 from .faults import fault_point
 from .loss import collate, grpo_loss, token_logprobs
 from .models import load_policy, resolve_device
@@ -60,16 +61,36 @@ class RunResult:
     time_to_target_s: float | None = None
     steps_to_target: int | None = None
     summary: dict = field(default_factory=dict)
+    final_smoothed: float | None = None  # mean of the last eval.smooth evaluations
 
 
-def time_to_target(evals: list[dict], target: float | None) -> tuple[float | None, int | None]:
-    """Training seconds and steps at the first evaluation whose accuracy reaches `target`."""
+def smoothed(evals: list[dict], window: int = 1) -> list[float]:
+    """Trailing mean of the last `window` evaluations' accuracy at each evaluation (fewer at the
+    start): one noisy evaluation can neither set the target nor reach it."""
+    acc = [float(e["accuracy"]) for e in evals]
+    return [float(np.mean(acc[max(0, i + 1 - window): i + 1])) for i in range(len(acc))]
+
+
+def final_smoothed(evals: list[dict], window: int = 1) -> float | None:
+    """The run's end point on the smoothed curve: the mean of its last `window` evaluations
+    (grpo's is the target of DESIGN §5)."""
+    return smoothed(evals, window)[-1] if evals else None
+
+
+def target_eval(evals: list[dict], target: float | None, window: int = 1) -> dict | None:
+    """The first evaluation whose smoothed accuracy reaches `target` (None: never)."""
     if target is None:
-        return None, None
-    for e in evals:
-        if e["accuracy"] >= target - 1e-12:
-            return float(e["elapsed_s"]), int(e["step"])
-    return None, None
+        return None
+    for e, acc in zip(evals, smoothed(evals, window)):
+        if acc >= target - 1e-12:
+            return e
+    return None
+
+
+def time_to_target(evals: list[dict], target: float | None, window: int = 1) -> tuple[float | None, int | None]:
+    """Training seconds and steps at the first evaluation whose smoothed accuracy reaches `target`."""
+    e = target_eval(evals, target, window)
+    return (None, None) if e is None else (float(e["elapsed_s"]), int(e["step"]))
 
 
 def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups: list[Group], cfg: Config,
@@ -130,7 +151,7 @@ class Trainer:
         self.uses_dots = method in ("dots", "dots_rr")
         self.uses_replay = method in ("rr", "dots_rr")
         self.pool, self.eval_set, self.on_step = pool, eval_set, on_step
-        torch.set_num_threads(cfg.train.threads)
+        setup_from_config(cfg)
         torch.manual_seed(cfg.train.seed)
         random.seed(cfg.train.seed)  # nothing of ours draws from it, but a library might: same seed, same run
         self.dist, self.device = setup(resolve_device(cfg.train.device))  # cuda:LOCAL_RANK under torchrun
@@ -168,8 +189,11 @@ class Trainer:
         self.round_refs: np.ndarray | None = None  # online calibration: the round's references, their labels,
         self.round_ref_labels: np.ndarray | None = None  # and the (question, observed d) of its selections
         self.round_seen: list[tuple[int, float]] = []
-        # progress
+        # progress; token and group counts are machine-independent costs beside the seconds
         self.step, self.elapsed = 0, 0.0
+        self.totals = {"tokens_sampled": 0, "tokens_trained": 0, "groups_trained": 0}
+        self.probe = np.arange(min(cfg.eval.probe_size, len(pool)))  # the pool is shuffled: its head is a
+        # fixed, uniform probe of the pool for the frontier diagnostic
         self.records: list[dict] = []
         self.evals: list[dict] = []
         if resume:
@@ -198,7 +222,9 @@ class Trainer:
             self.io.score(groups, [self.pool[i] for i in mine])
         for g, i in zip(groups, mine):
             g.question_id, g.version = int(i), self.step
-        return self.dist.gather(groups)
+        out = self.dist.gather(groups)
+        self._sampled += sum(int(g.response_mask.sum()) for g in out)
+        return out
 
     def _new_round(self, rec: dict) -> None:
         """Roll out K references, predict d̂ for the pool, open the round's candidate set."""
@@ -261,6 +287,7 @@ class Trainer:
         start = time.perf_counter()
         timers = {"rollout": 0.0, "select": 0.0, "update": 0.0}
         rec: dict = {"step": self.step + 1}
+        self._sampled = 0
         replayed: list[Group] = []
         if self.uses_replay:
             n_replay = b - max(1, int(round(cfg.replay.delta * b)))
@@ -277,6 +304,13 @@ class Trainer:
         self.step += 1
         step_s = time.perf_counter() - start
         self.elapsed += step_s
+        trained = groups if cfg.loss.beta > 0 else [g for g in groups if g.informative]
+        if not any(g.informative for g in groups) and cfg.loss.beta == 0:
+            trained = []  # the update was skipped
+        n_trained = sum(int(g.response_mask.sum()) for g in trained)
+        self.totals["tokens_sampled"] += self._sampled
+        self.totals["tokens_trained"] += n_trained
+        self.totals["groups_trained"] += len(trained)
         rec.update({
             "train/reward_mean": float(np.mean([g.mean_reward for g in fresh])),
             "train/loss": loss,
@@ -284,6 +318,10 @@ class Trainer:
             "train/policy_version": self.step,
             "time/step_s": step_s, "time/rollout_s": timers["rollout"], "time/update_s": timers["update"],
             "time/select_s": timers["select"], "time/elapsed_s": self.elapsed,
+            "tokens/sampled": self._sampled, "tokens/trained": n_trained, "train/groups_trained": len(trained),
+            "tokens/sampled_total": self.totals["tokens_sampled"],
+            "tokens/trained_total": self.totals["tokens_trained"],
+            "train/groups_trained_total": self.totals["groups_trained"],
         })
         if self.uses_replay:
             stale = ReplayBuffer.staleness(replayed, self.step - 1) or [0]
@@ -296,16 +334,37 @@ class Trainer:
         self.records.append(rec)
         return rec
 
+    def _rates(self, questions: list[Question], n: int, seed: int) -> np.ndarray:
+        """Mean reward of n samples per question at the rollout temperature, every question's
+        rate in order (under torchrun each rank rolls out its share). The generator is seeded
+        afresh at every call: every evaluation and every method draws the same dice."""
+        mine = questions[self.dist.shard(len(questions))]
+        r = self.cfg.rollout
+        rates = pass_rates(self.engine, self.tokenizer, mine, n, r.temperature, r.max_new_tokens,
+                           torch.Generator().manual_seed(seed + 7919 * self.dist.rank),
+                           chunk=max(1, self.cfg.eval.batch_size // n), io=self.io) if mine else np.zeros(0)
+        return np.asarray(self.dist.gather(rates.tolist()), dtype=np.float64)
+
     def evaluate(self) -> dict:
-        """Greedy held-out accuracy; runs outside the training clock."""
+        """Held-out accuracy (eval.metric) with its standard error over questions, and the pool
+        frontier of a fixed probe set; runs outside the training clock."""
+        ev = self.cfg.eval
         self.model.eval()
-        mine = self.eval_set[self.dist.shard(len(self.eval_set))]  # under torchrun: this rank's share
-        acc = greedy_accuracy(self.engine, self.tokenizer, mine, self.cfg.rollout.max_new_tokens,
-                              self.cfg.eval.batch_size, self.io) if mine else 0.0
+        if ev.metric == "sampled":
+            per_question = self._rates(self.eval_set, ev.samples, ev.seed)
+        else:
+            mine = self.eval_set[self.dist.shard(len(self.eval_set))]  # under torchrun: this rank's share
+            acc = greedy_accuracy(self.engine, self.tokenizer, mine, self.cfg.rollout.max_new_tokens,
+                                  ev.batch_size, self.io, per_question=True) if mine else []
+            per_question = np.asarray(self.dist.gather(list(acc)), dtype=np.float64)
+        e = {"step": self.step, "elapsed_s": self.elapsed, "accuracy": float(per_question.mean()),
+             "accuracy_se": float(per_question.std(ddof=1) / np.sqrt(len(per_question)))
+             if len(per_question) > 1 else 0.0, **self.totals}
+        if len(self.probe):
+            probe = self._rates([self.pool[i] for i in self.probe], self.cfg.rollout.group_size, ev.seed + 1)
+            e["frontier"] = float(((probe > 0) & (probe < 1)).mean())
+            e["probe_pass_rate"] = float(probe.mean())
         self.model.train()
-        if self.dist.enabled:
-            acc = sum(self.dist.gather([round(acc * len(mine))])) / len(self.eval_set)
-        e = {"step": self.step, "elapsed_s": self.elapsed, "accuracy": acc}
         self.evals.append(e)
         return e
 
@@ -317,7 +376,10 @@ class Trainer:
         while self.step < total:
             rec = self.train_step()
             if self.step % self.cfg.eval.every == 0 or self.step == total:
-                rec["eval/accuracy"] = self.evaluate()["accuracy"]
+                e = self.evaluate()
+                rec["eval/accuracy"] = e["accuracy"]
+                if "frontier" in e:
+                    rec["eval/frontier"] = e["frontier"]
             if self.on_step is not None:
                 self.on_step(rec)
             if self.step % self.cfg.train.checkpoint_every == 0 or self.step == total:
@@ -329,8 +391,9 @@ class Trainer:
 
     def result(self, target: float | None = None) -> RunResult:
         target = self.cfg.train.target_accuracy if target is None else target
-        tts, sts = time_to_target(self.evals, target)
-        res = RunResult(self.method, self.records, self.evals, self.evals[-1]["accuracy"], target, tts, sts)
+        tts, sts = time_to_target(self.evals, target, self.cfg.eval.smooth)
+        res = RunResult(self.method, self.records, self.evals, self.evals[-1]["accuracy"], target, tts, sts,
+                        final_smoothed=final_smoothed(self.evals, self.cfg.eval.smooth))
         res.summary = write_run_files(self.run_dir, self.cfg, res) if self.dist.main else summarize(res)
         return res
 
@@ -390,6 +453,10 @@ class Trainer:
             self.predictor.calibration.load_state_dict(rnd["calibration"])  # refitted online
         self.step, self.elapsed = state["step"], state["elapsed"]
         self.records, self.evals = state["records"], state["evals"]
+        if self.records:
+            last = self.records[-1]
+            self.totals = {"tokens_sampled": last["tokens/sampled_total"], "tokens_trained": last[
+                "tokens/trained_total"], "groups_trained": last["train/groups_trained_total"]}
         say(f"{self.checkpoint_dir}: resuming from step {self.step}")
 
 

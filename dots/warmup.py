@@ -2,7 +2,8 @@
 
 RL needs a policy that already solves some questions: a random model gets zero reward
 everywhere. The warm-up teaches the answer format and the easy tiers on a fresh stream
-of questions drawn from the task's tiers (never the pool or eval questions), and stops
+of questions drawn from the task's tiers (never a pool or held-out question: the stage passes
+both sets and every drawn sum that is one of them is redrawn), and stops
 after `warmup.steps`, so the pool keeps a real share of never-, sometimes- and
 always-solved questions. Intermediate checkpoints are saved as extra labelling policies.
 """
@@ -21,7 +22,12 @@ from .data import render
 from .models import build_model, build_tokenizer, save_policy
 
 
-def sample_batch(rng: np.random.Generator, cfg: Config, n: int) -> list[tuple[str, str]]:
+def sample_batch(rng: np.random.Generator, cfg: Config, n: int,
+                 exclude: frozenset[str] | set[str] = frozenset()) -> list[tuple[str, str]]:
+    """n (prompt, answer) pairs drawn from the task's tiers, never one whose prompt is in
+    `exclude` (the pool and held-out questions): a drawn excluded sum is replaced by a fresh draw
+    from the same tier, so the tier mix stays the configured one. `generate` leaves at least half
+    of every tier's questions outside pool and held-out set, so a replacement always exists."""
     tiers = cfg.task.tiers
     w = np.array([t.weight for t in tiers], dtype=np.float64)
     picks = rng.choice(len(tiers), size=n, p=w / w.sum())
@@ -29,8 +35,11 @@ def sample_batch(rng: np.random.Generator, cfg: Config, n: int) -> list[tuple[st
     for i in picks:
         t = tiers[int(i)]
         lo = 0 if t.digits == 1 else 10 ** (t.digits - 1)
-        out.append(render([int(x) for x in rng.integers(lo, 10 ** t.digits, size=t.operands)],
-                          cfg.task.pad_width))
+        while True:
+            pair = render([int(x) for x in rng.integers(lo, 10 ** t.digits, size=t.operands)], cfg.task.pad_width)
+            if pair[0] not in exclude:
+                break
+        out.append(pair)
     return out
 
 
@@ -51,8 +60,10 @@ def supervised_batch(tokenizer, pairs: list[tuple[str, str]]) -> dict[str, torch
     return {"input_ids": ids, "attention_mask": attn, "position_ids": pos, "labels": labels}
 
 
-def warmup(cfg: Config, out_dir: str | Path, progress: Callable[[int, float], None] | None = None) -> dict:
-    """Train and save `final` plus `step<N>` checkpoints under out_dir; returns a summary."""
+def warmup(cfg: Config, out_dir: str | Path, progress: Callable[[int, float], None] | None = None,
+           exclude: frozenset[str] | set[str] = frozenset()) -> dict:
+    """Train and save `final` plus `step<N>` checkpoints under out_dir; returns a summary.
+    `exclude`: prompts the warm-up must never see (the stage passes every pool and held-out prompt)."""
     out_dir = Path(out_dir)
     torch.manual_seed(cfg.task.seed)
     rng = np.random.default_rng(cfg.task.seed + 1_000_003)
@@ -63,7 +74,7 @@ def warmup(cfg: Config, out_dir: str | Path, progress: Callable[[int, float], No
     model.train()
     start, loss_val = time.perf_counter(), float("nan")
     for step in range(1, cfg.warmup.steps + 1):
-        batch = supervised_batch(tokenizer, sample_batch(rng, cfg, cfg.warmup.batch_size))
+        batch = supervised_batch(tokenizer, sample_batch(rng, cfg, cfg.warmup.batch_size, exclude))
         loss = model(**batch, use_cache=False).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()

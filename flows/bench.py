@@ -51,7 +51,7 @@ def bench_flow(seeds: list[int] | None = None, methods: list[str] | None = None,
                overrides: list[str] | None = None, out_dir: str = str(bench.RESULTS)) -> dict:
     cfg = bench.bench_config(load_config(params, overrides))
     shared_stages(cfg)
-    return bench.run_bench(cfg, seeds or [0, 1, 2], methods, Path(out_dir),
+    return bench.run_bench(cfg, seeds or [0, 1, 2, 3, 4], methods, Path(out_dir),
                            DEEPSCALER if DEEPSCALER.exists() else None, runner=timed_runner)
 
 
