@@ -173,8 +173,9 @@ CONFIDENCE = 0.9
 def median_interval(values: list[float], confidence: float = CONFIDENCE) -> list[float] | None:
     """Percentile-bootstrap interval of the median over seeds (scipy.stats.bootstrap, fixed seed).
 
-    A run that never reached the target enters as +inf (infinitely slow); the bootstrap runs on
-    ranks of a finite stand-in and maps the bounds back, so an interval may end at inf."""
+    A run that never reached the target enters as +inf (infinitely slow). The bootstrap runs on
+    a finite stand-in for it; any bound above the largest finite ratio involves a stand-in (with
+    an even count the median may average one with a real ratio), so it is reported as inf."""
     from scipy.stats import bootstrap  # noqa: PLC0415
 
     vals = np.asarray([v for v in values if v is not None], dtype=np.float64)
@@ -187,7 +188,8 @@ def median_interval(values: list[float], confidence: float = CONFIDENCE) -> list
     res = bootstrap((stand_in,), np.median, confidence_level=confidence, method="percentile",
                     n_resamples=9999, random_state=np.random.default_rng(0), vectorized=True)
     lo, hi = (float(x) for x in (res.confidence_interval.low, res.confidence_interval.high))
-    return [lo if lo < big else float("inf"), hi if hi < big else float("inf")]
+    top = np.max(vals[np.isfinite(vals)]) if np.isfinite(vals).any() else -np.inf
+    return [lo if lo <= top else float("inf"), hi if hi <= top else float("inf")]
 
 
 def _paired_ratio(mine: float | None, base: float | None) -> float | None:

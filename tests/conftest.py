@@ -69,6 +69,7 @@ def tiny_overrides(root: str | Path) -> list[str]:
         "train.threads=2",
         "eval.every=3",
         "eval.batch_size=256",
+        "eval.probe_size=32",  # the frontier probe: small, tests only check that it is measured
         "loss.beta=0.0",
         "loss.scale_rewards=none",
     ]

@@ -61,7 +61,21 @@ def test_bench_flow_writes_summary_table_and_plot(bench_run):
         assert table.count(f"| {m} | 0 |") == 1 and table.count(f"| {m} | 1 |") == 1
     assert "Goals:" in table and (out / "curves.png").stat().st_size > 1000
     names = {g["goal"].split(" ")[0] for g in summary["goals"]}
-    assert {"dots_rr", "dots/pearson", "dots", "rr", "Prefect"} <= names
+    assert {"dots_rr", "dots/pearson", "dots", "Prefect"} <= names and "rr" not in names
+    assert summary["eval_metric"] == "sampled" and summary["smooth"] == 3 and summary["confidence"] == 0.9
+    assert [c["target"] for c in summary["task_checks"]] == ["<= 0.5", ">= 10", "> 0.2"]
+    for c in summary["task_checks"]:
+        assert len(c["per_seed"]) == 2  # one value per grpo seed
+    for m in METHODS:
+        stats = summary["summary"][m]
+        for _, name in bench.RATIOS:
+            assert name in stats and f"{name}_ci90" in stats, (m, name)
+    for row in summary["runs"]:
+        # the target is grpo's smoothed end point of the same seed
+        assert row["target_accuracy"] == pytest.approx(summary["targets"][str(row["seed"])])
+        if row["method"] == "grpo":
+            assert row["target_accuracy"] == pytest.approx(row["final_smoothed"])
+            assert row["tokens_sampled_to_target"] is not None and row["tokens_trained_to_target"] is not None
     if DEEPSCALER.exists():
         assert summary["predictor_round"]["questions"] == 10240
 
@@ -124,9 +138,17 @@ def test_runs_are_interleaved_and_the_order_rotates():
     assert [m for s, m in order if s == 2] == ["rr", "dots_rr", "grpo", "dots"]
 
 
-def _row(method, seed, tts, steps, step_s=0.1, rollout=0.05, eff=0.5):
-    return {"method": method, "seed": seed, "time_to_target_s": tts, "steps_to_target": steps,
-            "final_accuracy": 0.5, "step_s": step_s, "rollout_s": rollout, "update_s": 0.03, "select_s": 0.0,
+def _row(method, seed, tts, steps, step_s=0.1, rollout=0.05, eff=0.5, tokens=None, early=0.3, gain_se=12.0,
+         frontier=0.4):
+    """A hand-made run_row: tokens to target default to 1000 tokens per step to target."""
+    sampled = None if steps is None else (1000 * steps if tokens is None else tokens)
+    return {"method": method, "seed": seed, "target_accuracy": 0.5, "time_to_target_s": tts,
+            "steps_to_target": steps, "tokens_sampled_to_target": sampled,
+            "tokens_trained_to_target": None if sampled is None else sampled // 2,
+            "initial_accuracy": 0.2, "final_smoothed": 0.5, "gain": 0.3, "early_gain_share": early,
+            "gain_se": gain_se, "frontier_min": frontier, "frontier_final": frontier,
+            "s_per_group_trained": 0.01, "final_accuracy": 0.5, "best_accuracy": 0.55, "elapsed_s": 20.0,
+            "step_s": step_s, "rollout_s": rollout, "update_s": 0.03, "select_s": 0.0,
             "other_s": step_s - rollout - 0.03, "effective_ratio": eff, "staleness": None, "dots_pearson": None,
             "wall_s": 100.0, "tracking_s": 1.0, "orchestration_s": 0.5}
 
@@ -141,21 +163,152 @@ def test_ratios_are_paired_by_seed_and_a_miss_counts_as_never():
     assert s["dots_rr"]["time_to_target_s_spread"] == [4.0, 12.0]
 
 
-def test_goals_report_where_each_stands():
+ROUND = {"round_s": 0.02, "questions": 10240, "ref_size": 256, "dim": 1536, "threads": 2}
+
+
+def _goals(rows):
     from dots.config import Config
 
-    rows = [_row("grpo", 0, 10.0, 100, step_s=0.2, rollout=0.1, eff=0.2),
-            _row("dots", 0, 5.0, 40, eff=0.5), _row("rr", 0, 8.0, 90, step_s=0.16),
-            _row("dots_rr", 0, 4.5, 40)]
-    rows[1]["dots_pearson"] = rows[3]["dots_pearson"] = 0.85
     s = bench.summarize(rows, METHODS)
-    cfg = Config()  # replay.delta = 0.5
-    g = {x["goal"].split(" ")[0]: x for x in bench.goals(s, cfg, {"round_s": 0.02, "questions": 10240,
-                                                                  "ref_size": 256, "dim": 1536, "threads": 2}, rows)}
-    assert g["dots_rr"]["value"] == pytest.approx(0.45) and g["dots_rr"]["met"]
+    return s, {x["goal"].split(" ")[0]: x for x in bench.goals(s, Config(), ROUND, rows)}
+
+
+def test_goals_report_where_each_stands():
+    rows = []
+    for seed, base in enumerate((10.0, 20.0, 40.0)):  # dots_rr needs 0.45, 0.4, 0.4 of grpo's time
+        rows += [_row("grpo", seed, base, 100, step_s=0.2, rollout=0.1, eff=0.2),
+                 _row("dots", seed, base / 2, 40, eff=0.5), _row("rr", seed, 0.8 * base, 90, step_s=0.16),
+                 _row("dots_rr", seed, [0.45, 0.4, 0.4][seed] * base, 40)]
+    for r in rows:
+        if r["method"] in ("dots", "dots_rr"):
+            r["dots_pearson"] = 0.85
+    s, g = _goals(rows)
+    assert s["dots_rr"]["time_to_target_ratio"] == pytest.approx(0.4)
+    lo, hi = s["dots_rr"]["time_to_target_ratio_ci90"]
+    assert 0.4 <= lo <= 0.4 + 1e-9 and 0.4 <= hi <= 0.45 + 1e-9
+    assert g["dots_rr"]["value"] == pytest.approx(0.4) and g["dots_rr"]["met"]
+    assert "90% CI" in g["dots_rr"]["detail"]
     assert g["dots/pearson"]["met"]
+    # dots trains on 0.5 informative groups of its fresh ones, grpo on 0.2: 2.5x, and dots' own >= 0.5
     assert g["dots"]["value"] == pytest.approx(2.5) and g["dots"]["met"]
-    # rr saves 20% of a grpo step; its limit is 0.5 x 50% rollout share = 25%: 0.8 of it, not met
-    assert g["rr"]["value"] == pytest.approx(0.8) and not g["rr"]["met"]
+    assert "rr" not in g  # the per-step saving goal is gone
     assert g["predictor"]["met"]
     assert g["Prefect"]["value"] == pytest.approx(0.015) and g["Prefect"]["met"]
+    table = bench.render(rows, s, list(g.values()), METHODS, bench.task_checks(rows))
+    assert "Does the task decide?" in table and "Goals:" in table
+    assert table.count("| dots_rr | ") == 3 + 1  # three runs and the median line
+
+
+def test_a_median_at_half_with_a_wide_interval_misses_the_dots_rr_goal():
+    rows = []
+    ratios = [0.3, 0.4, 0.5, 0.9, None]  # median 0.5, but two seeds of five are slow or never arrive
+    for seed, ratio in enumerate(ratios):
+        rows += [_row("grpo", seed, 10.0, 100), _row("dots_rr", seed, None if ratio is None else 10.0 * ratio,
+                                                      None if ratio is None else 50)]
+    s, g = _goals(rows)
+    assert s["dots_rr"]["time_to_target_ratio"] == pytest.approx(0.5)
+    assert s["dots_rr"]["time_to_target_ratio_ci90"][1] >= 0.8
+    assert g["dots_rr"]["value"] == pytest.approx(0.5) and not g["dots_rr"]["met"]
+
+
+@pytest.mark.parametrize("dots_eff,grpo_eff,share,met", [
+    (0.5, 0.25, 2.0, True),
+    (0.45, 0.2, 2.25, False),  # twice grpo's share, but dots itself trains on fewer than half its groups
+    (0.6, 0.35, 0.6 / 0.35, False),  # dots' share is high, but not twice grpo's
+])
+def test_dots_informative_share_goal(dots_eff, grpo_eff, share, met):
+    rows = [_row("grpo", 0, 10.0, 100, eff=grpo_eff), _row("dots", 0, 6.0, 60, eff=dots_eff)]
+    _, g = _goals(rows)
+    assert g["dots"]["value"] == pytest.approx(share) and g["dots"]["met"] is met
+
+
+def test_token_ratios_are_paired_like_seconds():
+    rows = [_row("grpo", 0, 10.0, 100, tokens=100_000), _row("grpo", 1, 20.0, 200, tokens=300_000),
+            _row("dots_rr", 0, 8.0, 40, tokens=30_000), _row("dots_rr", 1, 18.0, 120, tokens=60_000)]
+    s = bench.summarize(rows, ["grpo", "dots_rr"])["dots_rr"]
+    assert s["tokens_sampled_ratio_per_seed"] == pytest.approx([0.3, 0.2])
+    assert s["tokens_sampled_ratio"] == pytest.approx(0.25)
+    assert s["tokens_trained_ratio_per_seed"] == pytest.approx([0.3, 0.2])
+    assert s["steps_to_target_ratio_per_seed"] == pytest.approx([0.4, 0.6])
+    lo, hi = s["tokens_sampled_ratio_ci90"]
+    assert 0.2 <= lo <= 0.25 <= hi <= 0.3
+
+
+# ---- the bootstrap interval of the median over seeds ------------------------------------------
+
+def test_median_interval_contains_the_median_and_is_deterministic():
+    import numpy as np
+
+    vals = [0.31, 0.52, 0.44, 0.75, 0.48, 0.39, 0.6]
+    ci = bench.median_interval(vals)
+    assert ci == bench.median_interval(vals)  # a fixed bootstrap seed: the same figures every run
+    lo, hi = ci
+    assert min(vals) <= lo <= np.median(vals) <= hi <= max(vals)
+    assert lo < hi
+    # a wider confidence gives a wider (never narrower) interval
+    lo99, hi99 = bench.median_interval(vals, 0.99)
+    assert lo99 <= lo and hi <= hi99
+
+
+def test_median_interval_of_identical_values_and_edge_cases():
+    assert bench.median_interval([0.7, 0.7, 0.7]) == [0.7, 0.7]
+    assert bench.median_interval([0.42]) == [0.42, 0.42]
+    assert bench.median_interval([]) is None and bench.median_interval([None, None]) is None
+    assert bench.median_interval([None, 0.5, None]) == [0.5, 0.5]  # None is no value, not a miss
+    inf = float("inf")
+    assert bench.median_interval([inf, inf, inf]) == [inf, inf]
+
+
+def test_median_interval_ends_at_inf_when_most_seeds_never_reach():
+    inf = float("inf")
+    for vals in ([0.4, inf, inf, inf, inf], [0.4, 0.5, inf, inf, inf], [0.5, inf]):
+        lo, hi = bench.median_interval(vals)
+        assert hi == inf, vals
+        assert lo <= hi and lo >= 0.4
+    # one miss of five: the interval is still finite at the bottom and does not pretend the miss away
+    lo, hi = bench.median_interval([0.3, 0.4, 0.45, 0.5, inf])
+    assert 0.3 <= lo <= 0.45 <= hi
+
+
+def test_a_median_interval_bound_is_a_ratio_of_the_data_or_inf():
+    inf = float("inf")
+    for vals in ([0.4, 0.5, 0.6, inf], [0.4, 0.5, 0.6, 0.7, 0.8, inf]):
+        lo, hi = bench.median_interval(vals)
+        finite = [v for v in vals if v != inf]
+        for bound in (lo, hi):
+            assert bound == inf or bound <= max(finite), (vals, lo, hi)
+
+
+# ---- does the task decide? --------------------------------------------------------------------
+
+def test_task_checks_met_when_every_grpo_seed_passes():
+    rows = [_row("grpo", 0, 10.0, 100, early=0.3, gain_se=12.0, frontier=0.35),
+            _row("grpo", 1, 10.0, 100, early=0.5, gain_se=10.0, frontier=0.25),
+            _row("dots", 0, 5.0, 50, early=0.9, gain_se=1.0, frontier=0.0)]  # only grpo is checked
+    checks = bench.task_checks(rows)
+    assert len(checks) == 3 and all(c["met"] for c in checks), checks
+    by_target = {c["target"]: c for c in checks}
+    assert by_target["<= 0.5"]["per_seed"] == [0.3, 0.5] and by_target["<= 0.5"]["worst"] == 0.5
+    assert by_target[">= 10"]["worst"] == 10.0
+    assert by_target["> 0.2"]["worst"] == 0.25
+
+
+@pytest.mark.parametrize("field,value,target", [
+    ("early_gain_share", 0.6, "<= 0.5"),  # most of the gain in the first 20% of the budget
+    ("gain_se", 9.0, ">= 10"),  # the gain is within evaluation noise
+    ("frontier_min", 0.2, "> 0.2"),  # the frontier dried up (the bound is strict)
+    ("early_gain_share", None, "<= 0.5"),  # no gain at all: the check cannot pass
+    ("gain_se", None, ">= 10"),
+    ("frontier_min", None, "> 0.2"),  # no probe
+])
+def test_task_checks_not_met_when_one_grpo_seed_fails(field, value, target):
+    good = _row("grpo", 0, 10.0, 100)
+    bad = _row("grpo", 1, 10.0, 100)
+    bad[field] = value
+    checks = {c["target"]: c for c in bench.task_checks([good, bad])}
+    assert not checks[target]["met"], checks[target]
+    assert all(c["met"] for t, c in checks.items() if t != target)
+
+
+def test_task_checks_without_grpo_rows_are_not_met():
+    assert not any(c["met"] for c in bench.task_checks([_row("dots", 0, 5.0, 50)]))

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .conftest import REPO
 
 SMALL = [
@@ -18,7 +20,7 @@ SMALL = [
     "label.policies=[step20, final]", "label.num_questions=128",
     "predictor.steps=20", "predictor.batch_size=32", "predictor.hidden=16",
     "selection.ref_size=16", "train.batch_size=8", "train.steps=4", "train.checkpoint_every=2",
-    "eval.every=2", "eval.batch_size=64", "rollout.batch_size=256", "rollout.group_size=4",
+    "eval.every=2", "eval.batch_size=64", "eval.probe_size=16", "rollout.batch_size=256", "rollout.group_size=4",
     "train.methods=[grpo, dots_rr]",
 ]
 
@@ -50,8 +52,16 @@ def test_dots_all_end_to_end(tmp_path):
     comparison = json.loads((root / "compare" / "comparison.json").read_text())
     assert [r["method"] for r in comparison["rows"]] == ["grpo", "dots_rr"]
     assert "target_accuracy" in comparison
-    grpo = next(r for r in comparison["rows"] if r["method"] == "grpo")
-    assert comparison["target_accuracy"] == grpo["final_accuracy"]
+    # the target is grpo's smoothed end point: the mean of its last eval.smooth (3) evaluations
+    grpo_evals = json.loads((root / "runs" / "grpo" / "evals.json").read_text())
+    assert [e["step"] for e in grpo_evals] == [0, 2, 4]
+    last3 = sum(e["accuracy"] for e in grpo_evals[-3:]) / 3
+    assert comparison["target_accuracy"] == pytest.approx(last3)
+    grpo_summary = json.loads((root / "runs" / "grpo" / "summary.json").read_text())
+    assert grpo_summary["final_accuracy_smoothed"] == pytest.approx(last3)
+    for key in ("tokens/sampled_total", "tokens/trained_total", "train/groups_trained_total"):
+        assert grpo_summary[key] is not None and grpo_summary[key] >= 0, key
+    assert grpo_summary["tokens/sampled_total"] > 0
     for method in ("grpo", "dots_rr"):
         run = root / "runs" / method
         records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]

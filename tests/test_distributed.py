@@ -88,8 +88,10 @@ def test_torchrun_train_writes_once_and_evaluate_reads_its_checkpoint(tiny_pipel
     for part in ("data", "models", "embeddings", "predictor"):  # the fixture's inputs; outputs go here
         (root / part).symlink_to(tiny_pipeline.root / part)
     args = ["-m", "dots.cli", "train", "--method", "dots_rr", "-p", str(tmp_path / "none.yaml")]
+    # eval.metric=greedy: the run's final accuracy is then comparable with `dots evaluate`'s greedy one
     for o in tiny_overrides(root) + ["train.steps=2", "train.checkpoint_every=2", "eval.every=2",
-                                     "train.threads=1", "tracking.enabled=false"]:
+                                     "train.threads=1", "tracking.enabled=false", "eval.metric=greedy",
+                                     "eval.probe_size=64"]:
         args += ["-S", o]
     proc = _torchrun(args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -102,6 +104,10 @@ def test_torchrun_train_writes_once_and_evaluate_reads_its_checkpoint(tiny_pipel
     records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     summary = json.loads((run / "summary.json").read_text())
+    # the probe's frontier is gathered over both ranks' shares (a share of the 64 probe questions)
+    assert 0.0 <= summary["frontier_final"] <= 1.0 and summary["frontier_final"] * 64 == pytest.approx(
+        round(summary["frontier_final"] * 64))
+    assert summary["accuracy_se"] > 0
 
     held = root / "data" / "eval.jsonl"
     argv = ["evaluate", "-p", str(tmp_path / "none.yaml"), "--data", str(held), "--question", "prompt",

@@ -212,3 +212,178 @@ def test_a_checkpoint_made_with_other_params_is_not_resumed_but_kept(tiny_pipeli
     _, longer = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", "train.steps=3",
                          "train.checkpoint_every=1", "eval.every=2", "train.lr=0.002", resume=True)
     assert longer.step == 1
+
+
+# ---- smoothing: one noisy evaluation can neither set the target nor reach it ------------------
+
+SPIKY = [
+    {"step": 0, "elapsed_s": 0.0, "accuracy": 0.10},
+    {"step": 10, "elapsed_s": 5.0, "accuracy": 0.20},
+    {"step": 20, "elapsed_s": 10.0, "accuracy": 0.90},  # a lucky evaluation
+    {"step": 30, "elapsed_s": 15.0, "accuracy": 0.20},
+    {"step": 40, "elapsed_s": 20.0, "accuracy": 0.30},
+    {"step": 50, "elapsed_s": 25.0, "accuracy": 0.50},
+    {"step": 60, "elapsed_s": 30.0, "accuracy": 0.55},
+    {"step": 70, "elapsed_s": 35.0, "accuracy": 0.60},
+]
+
+
+def test_smoothed_is_the_trailing_mean_with_a_shorter_window_at_the_start():
+    from dots.trainer import smoothed
+
+    s = smoothed(SPIKY, 3)
+    assert len(s) == len(SPIKY)
+    assert s[0] == pytest.approx(0.10)
+    assert s[1] == pytest.approx(0.15)
+    assert s[2] == pytest.approx((0.10 + 0.20 + 0.90) / 3)
+    assert s[5] == pytest.approx((0.20 + 0.30 + 0.50) / 3)
+    assert s[7] == pytest.approx((0.50 + 0.55 + 0.60) / 3)
+    assert smoothed(SPIKY, 1) == pytest.approx([e["accuracy"] for e in SPIKY])
+    assert smoothed([], 3) == []
+
+
+def test_final_smoothed_is_the_mean_of_the_last_window():
+    from dots.trainer import final_smoothed
+
+    assert final_smoothed(SPIKY, 3) == pytest.approx((0.50 + 0.55 + 0.60) / 3)
+    assert final_smoothed(SPIKY, 1) == pytest.approx(0.60)
+    assert final_smoothed(SPIKY[:2], 3) == pytest.approx(0.15)  # fewer evaluations than the window
+    assert final_smoothed([], 3) is None
+
+
+def test_a_single_spike_above_the_target_does_not_count_with_window_3():
+    from dots.trainer import final_smoothed, target_eval
+
+    target = final_smoothed(SPIKY, 3)  # 0.55
+    # unsmoothed, the lucky evaluation at step 20 reaches the target
+    assert time_to_target(SPIKY, target) == (10.0, 20)
+    # smoothed over 3, it does not: the trailing mean first reaches 0.55 at the last evaluation
+    assert time_to_target(SPIKY, target, 3) == (35.0, 70)
+    hit = target_eval(SPIKY, target, 3)
+    assert hit is SPIKY[-1]
+    assert target_eval(SPIKY, 0.61, 3) is None and target_eval(SPIKY, None, 3) is None
+    # a run reaches its own smoothed end point: grpo's paired ratio is 1 by construction
+    for w in (1, 2, 3, 5):
+        assert target_eval(SPIKY, final_smoothed(SPIKY, w), w) is not None
+
+
+# ---- sampled evaluation with common random numbers -------------------------------------------
+
+def test_sampled_evaluation_draws_the_same_dice_every_time(tiny_pipeline, pipeline_data, tmp_path):
+    cfg, trainer = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "crn", "eval.metric=sampled",
+                            "eval.samples=4", "eval.probe_size=64")
+    first = trainer.evaluate()
+    second = trainer.evaluate()  # no training in between: the same policy, the same dice
+    for key in ("accuracy", "accuracy_se", "frontier", "probe_pass_rate"):
+        assert first[key] == second[key], key
+    assert 0.0 < first["accuracy"] < 1.0, "the tiny policy solves some held-out questions, not all"
+    assert first["accuracy_se"] > 0
+    assert 0.0 <= first["frontier"] <= 1.0 and 0.0 <= first["probe_pass_rate"] <= 1.0
+    assert first["step"] == 0 and first["tokens_sampled"] == first["tokens_trained"] == 0
+    # the seed is what holds the dice: another seed draws other samples
+    a = trainer._rates(trainer.eval_set, 4, cfg.eval.seed)
+    b = trainer._rates(trainer.eval_set, 4, cfg.eval.seed + 1)
+    assert len(a) == len(trainer.eval_set) and first["accuracy"] == pytest.approx(float(a.mean()))
+    assert not (a == b).all()
+
+
+def test_evaluation_does_not_move_the_training_stream(tiny_pipeline, pipeline_data, tmp_path):
+    extra = ("eval.samples=2", "eval.probe_size=32")
+    _, plain = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "plain", *extra)
+    _, evaluated = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "evaluated", *extra)
+    a = [plain.train_step() for _ in range(2)]
+    evaluated.evaluate()
+    b = [evaluated.train_step()]
+    evaluated.evaluate()
+    b.append(evaluated.train_step())
+    for x, y in zip(a, b):
+        for key in ("train/reward_mean", "train/loss", "train/effective_ratio", "tokens/sampled"):
+            assert x[key] == y[key], (x["step"], key)
+
+
+def test_greedy_metric_is_per_question_exact_match(tiny_pipeline, pipeline_data, tmp_path):
+    from dots.evaluation import greedy_accuracy
+
+    _, trainer = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "greedy", "eval.metric=greedy",
+                          "eval.probe_size=0")
+    e = trainer.evaluate()
+    assert "frontier" not in e  # probe off
+    trainer.model.eval()
+    per = greedy_accuracy(trainer.engine, trainer.tokenizer, trainer.eval_set, trainer.cfg.rollout.max_new_tokens,
+                          trainer.cfg.eval.batch_size, trainer.io, per_question=True)
+    assert set(per) <= {0.0, 1.0} and len(per) == len(trainer.eval_set)
+    assert e["accuracy"] == pytest.approx(sum(per) / len(per))
+    p = e["accuracy"]
+    assert e["accuracy_se"] == pytest.approx(math.sqrt(p * (1 - p) / (len(per) - 1)))
+
+
+# ---- machine-independent costs: tokens sampled and trained, groups trained -------------------
+
+def _check_token_records(records, cfg, method):
+    b, g, t = cfg.train.batch_size, cfg.rollout.group_size, cfg.rollout.max_new_tokens
+    totals = {"tokens/sampled": 0, "tokens/trained": 0, "train/groups_trained": 0}
+    for rec in records:
+        for key, running in list(totals.items()):
+            totals[key] = running + rec[key]
+            assert rec[f"{key}_total"] == totals[key], (rec["step"], key)  # running sums of the per-step counts
+        assert 0 <= rec["tokens/trained"] <= rec["tokens/sampled"], rec["step"]
+        # every sampled response has between 1 and max_new_tokens tokens
+        assert b * g <= rec["tokens/sampled"] <= b * g * t, rec["step"]
+        if method == "grpo":  # no KL (beta=0): exactly the informative groups are trained
+            assert rec["train/groups_trained"] == round(rec["train/effective_ratio"] * b), rec["step"]
+            assert (rec["tokens/trained"] == 0) == (rec["train/groups_trained"] == 0)
+            assert g * rec["train/groups_trained"] <= rec["tokens/trained"] <= g * t * rec["train/groups_trained"]
+    assert totals["train/groups_trained"] > 0, "the tiny policy has informative groups"
+    return totals
+
+
+def test_token_counts_add_up_and_survive_a_resume(tiny_pipeline, pipeline_data, tmp_path):
+    extra = ("train.steps=4", "train.checkpoint_every=2", "eval.every=2", "eval.samples=2",
+             "eval.probe_size=32")
+    cfg, whole = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "whole", *extra)
+    full = whole.run()
+    totals = _check_token_records(full.records, cfg, "grpo")
+    # the evaluations carry the running totals at their step
+    by_step = {r["step"]: r for r in full.records}
+    assert [e["step"] for e in full.evals] == [0, 2, 4]
+    assert full.evals[0]["tokens_sampled"] == 0 and full.evals[0]["groups_trained"] == 0
+    for e in full.evals[1:]:
+        assert e["tokens_sampled"] == by_step[e["step"]]["tokens/sampled_total"]
+        assert e["tokens_trained"] == by_step[e["step"]]["tokens/trained_total"]
+        assert e["groups_trained"] == by_step[e["step"]]["train/groups_trained_total"]
+    summary = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    assert summary["tokens/sampled_total"] == totals["tokens/sampled"]
+    assert summary["tokens/trained_total"] == totals["tokens/trained"]
+    assert summary["train/groups_trained_total"] == totals["train/groups_trained"]
+    assert summary["final_accuracy_smoothed"] == pytest.approx(
+        sum(e["accuracy"] for e in full.evals[-3:]) / 3)
+    assert summary["accuracy_se"] == full.evals[-1]["accuracy_se"]
+    assert summary["frontier_min"] == min(e["frontier"] for e in full.evals)
+    assert summary["frontier_final"] == full.evals[-1]["frontier"]
+
+    _, first = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "split", *extra)
+    first.run(stop_after=2)
+    del first
+    _, second = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "split", *extra, resume=True)
+    assert second.step == 2
+    resumed = second.run()
+    names = [f"{k}{s}" for k in ("tokens/sampled", "tokens/trained", "train/groups_trained") for s in ("", "_total")]
+    assert [[r[k] for k in names] for r in resumed.records] == [[r[k] for k in names] for r in full.records]
+    # the evaluations agree too (their seconds are measured, so they may not)
+    assert [{k: v for k, v in e.items() if k != "elapsed_s"} for e in resumed.evals] == [
+        {k: v for k, v in e.items() if k != "elapsed_s"} for e in full.evals]
+
+
+def test_token_counts_of_a_replaying_selecting_run(tiny_pipeline, pipeline_data, tmp_path):
+    cfg, trainer = _trainer(tiny_pipeline, pipeline_data, "dots_rr", tmp_path / "dots_rr", "eval.probe_size=0")
+    recs = [trainer.train_step() for _ in range(3)]
+    totals = {"tokens/sampled": 0, "tokens/trained": 0, "train/groups_trained": 0}
+    k, b, g, t = cfg.selection.ref_size, cfg.train.batch_size, cfg.rollout.group_size, cfg.rollout.max_new_tokens
+    for rec in recs:
+        for key, running in list(totals.items()):
+            totals[key] = running + rec[key]
+            assert rec[f"{key}_total"] == totals[key], (rec["step"], key)
+        # a round's references are sampled tokens too; replayed groups are trained, not sampled again
+        assert rec["tokens/sampled"] <= (b + k) * g * t
+        assert rec["train/groups_trained"] <= b
+    assert recs[0]["tokens/sampled"] >= k * g  # the first step rolls out the round's references
