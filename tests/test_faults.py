@@ -147,7 +147,7 @@ def _metric_histories(root: Path) -> tuple[list[str], dict[str, list[tuple[int, 
 
 
 def test_killed_runs_resume_to_the_uninterrupted_state(tiny_pipeline, tmp_path, ledger, monkeypatch,
-                                                        capsys):
+                                                        capsys, request):
     ref_root = _inputs(tiny_pipeline, tmp_path / "ref" / "artifacts")
     root = _inputs(tiny_pipeline, tmp_path / "chain" / "artifacts")
     trace = tmp_path / "trace.txt"
@@ -160,6 +160,11 @@ def test_killed_runs_resume_to_the_uninterrupted_state(tiny_pipeline, tmp_path, 
 
     rng = random.Random(6)
     every, done, kills = 2, 0, []  # done: checkpoints completed = where the next retry resumes
+    # the killed-and-resumed chain runs beside a busy process (the uninterrupted one ran alone):
+    # its numbers must not depend on the machine's load (dots.determinism)
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 900\n"
+                                "while time.time() < end: pass\n"])
+    request.addfinalizer(spinner.kill)
     for point in ["rollout", "update", "write:checkpoint.pt", "write:records.jsonl", None]:
         start = ckpts[done - 1] + 1 if done else 0  # the first event this attempt reaches
         if point is None:
@@ -184,6 +189,7 @@ def test_killed_runs_resume_to_the_uninterrupted_state(tiny_pipeline, tmp_path, 
         if point is not None:
             kills.append({"kind": "kill", "point": point, "hit": hit, "killed": True, "bytes_lost": torn})
             done = sum(i < target for i in ckpts)
+    spinner.kill()
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert not list(root.rglob("*.tmp")), "a killed write's temp file outlived the next write"
     for row in kills:
