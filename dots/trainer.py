@@ -192,6 +192,7 @@ class Trainer:
         # progress; token and group counts are machine-independent costs beside the seconds
         self.step, self.elapsed = 0, 0.0
         self.totals = {"tokens_sampled": 0, "tokens_trained": 0, "groups_trained": 0}
+        self._sampled = 0  # response tokens generated in the current step (counted by _rollout)
         self.probe = np.arange(min(cfg.eval.probe_size, len(pool)))  # the pool is shuffled: its head is a
         # fixed, uniform probe of the pool for the frontier diagnostic
         self.records: list[dict] = []
