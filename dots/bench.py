@@ -183,12 +183,12 @@ def median_interval(values: list[float], confidence: float = CONFIDENCE) -> list
         return None
     if len(vals) == 1 or np.all(vals == vals[0]):
         return [float(vals[0]), float(vals[0])]
-    big = np.nanmax(vals[np.isfinite(vals)]) * 10 + 1 if np.isfinite(vals).any() else 1.0
-    stand_in = np.where(np.isfinite(vals), vals, big)
+    finite = vals[np.isfinite(vals)]
+    top = float(finite.max()) if len(finite) else -np.inf  # the largest ratio a run really reached
+    stand_in = np.where(np.isfinite(vals), vals, top * 10 + 1 if len(finite) else 1.0)
     res = bootstrap((stand_in,), np.median, confidence_level=confidence, method="percentile",
                     n_resamples=9999, random_state=np.random.default_rng(0), vectorized=True)
     lo, hi = (float(x) for x in (res.confidence_interval.low, res.confidence_interval.high))
-    top = np.max(vals[np.isfinite(vals)]) if np.isfinite(vals).any() else -np.inf
     return [lo if lo <= top else float("inf"), hi if hi <= top else float("inf")]
 
 

@@ -93,6 +93,12 @@ def time_to_target(evals: list[dict], target: float | None, window: int = 1) -> 
     return (None, None) if e is None else (float(e["elapsed_s"]), int(e["step"]))
 
 
+def trained_groups(groups: list[Group], beta: float) -> list[Group]:
+    """The groups the update forwards: all of them with a KL term, else only the informative
+    ones (a degenerate group has zero advantage and, with β = 0, zero gradient)."""
+    return groups if beta > 0 else [g for g in groups if g.informative]
+
+
 def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups: list[Group], cfg: Config,
                      pad_id: int, *, ref_model: torch.nn.Module | None = None, replayed: list[Group] = (),
                      dist: Dist = SINGLE) -> tuple[float, dict]:
@@ -103,7 +109,7 @@ def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups:
     by shard/len(groups), so the ranks' losses — and their gradients, summed by all-reduce
     before clipping — add up to the single-process ones. Returns (loss, stats), the same on
     every rank; stats has the replayed groups' importance ratios when there are any."""
-    used = groups if cfg.loss.beta > 0 else [g for g in groups if g.informative]
+    used = trained_groups(groups, cfg.loss.beta)
     if not used:
         return 0.0, {}
     mine = used[dist.shard(len(used))]
@@ -305,9 +311,7 @@ class Trainer:
         self.step += 1
         step_s = time.perf_counter() - start
         self.elapsed += step_s
-        trained = groups if cfg.loss.beta > 0 else [g for g in groups if g.informative]
-        if not any(g.informative for g in groups) and cfg.loss.beta == 0:
-            trained = []  # the update was skipped
+        trained = trained_groups(groups, cfg.loss.beta)
         n_trained = sum(int(g.response_mask.sum()) for g in trained)
         self.totals["tokens_sampled"] += self._sampled
         self.totals["tokens_trained"] += n_trained
