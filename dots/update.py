@@ -1,0 +1,103 @@
+"""One optimizer step on a step's groups (the loss of DESIGN §1), micro-batched.
+
+Degenerate groups (all rewards equal) have zero advantage; with β = 0 they contribute
+nothing to the gradient, so only the informative ones are forwarded and the mean over
+*all* groups is kept by scaling: the gradient is the same, the cost is not.
+
+With `train.micro_batch_tokens` set, the forwarded rows are cut into micro-batches under
+that token budget (`dots.microbatch`), each micro-batch's loss is weighted so the sum is
+the one-batch loss, and gradients accumulate before the one clip and optimizer step. Null
+keeps the one-batch path (the embedded default, whose published figures it reproduces
+bit for bit).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import Config
+from .distributed import SINGLE, Dist
+from .faults import fault_point
+from .loss import Batch, collate, grpo_loss, token_logprobs
+from .microbatch import collate_rows, pack
+from .rollout import Group
+
+
+def trained_groups(groups: list[Group], beta: float) -> list[Group]:
+    """The groups the update forwards: all of them with a KL term, else only the informative
+    ones (a degenerate group has zero advantage and, with β = 0, zero gradient)."""
+    return groups if beta > 0 else [g for g in groups if g.informative]
+
+
+def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups: list[Group], cfg: Config,
+                     pad_id: int, *, ref_model: torch.nn.Module | None = None, replayed: list[Group] = (),
+                     dist: Dist = SINGLE) -> tuple[float, dict]:
+    """One optimizer step on a step's groups: the loss is −J averaged over *all* `groups`
+    (degenerate ones add nothing with β = 0, so only the informative ones are forwarded).
+
+    Under torch.distributed each rank forwards a contiguous shard of the used groups, scaled
+    by shard/len(groups), so the ranks' losses — and their gradients, summed by all-reduce
+    before clipping — add up to the single-process ones. Returns (loss, stats), the same on
+    every rank; stats has the replayed groups' importance ratios when there are any.
+    Gradients are freed after the step, so rollouts do not share the GPU with them."""
+    used = trained_groups(groups, cfg.loss.beta)
+    if not used:
+        return 0.0, {}
+    mine = used[dist.shard(len(used))]
+    opt.zero_grad(set_to_none=True)
+    loss_value, ratio_sum, ratio_n, ratio_max = 0.0, 0.0, 0, float("-inf")
+    replayed_ids = {id(g) for g in replayed}
+    device = next(model.parameters()).device
+    budget = cfg.train.micro_batch_tokens
+
+    def flags(spans: list[tuple[Group, int]]) -> torch.Tensor:
+        """Which rows of a batch are replayed (spans: each owner group and its row count)."""
+        return torch.cat([torch.full((n,), id(g) in replayed_ids) for g, n in spans])
+
+    if budget is None and mine:  # one batch: the path the embedded default's figures were measured on
+        batches = [(collate(mine, pad_id, cfg.loss.scale_rewards), flags([(g, g.size) for g in mine]),
+                    len(mine) / len(groups))]
+    else:
+        batches = [(collate_rows(parts, pad_id, len(groups), cfg.loss.scale_rewards),
+                    flags([(p.group, p.n) for p in parts]), None) for parts in pack(mine, budget)]
+    for batch, rows, scale in batches:
+        loss, logp, batch = _backward(model, batch, cfg, ref_model, scale, device)
+        loss_value += loss
+        rows = rows.to(device)
+        if rows.any():
+            with torch.no_grad():
+                ratio = torch.exp(logp - batch.old_logprobs)[rows][batch.response_mask[rows]]
+            ratio_sum += float(ratio.double().sum())
+            ratio_n += ratio.numel()
+            ratio_max = max(ratio_max, float(ratio.max()))
+    dist.all_reduce_grads(model)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+    fault_point("update")  # the reliability suite kills runs here (gradients computed, weights not yet stepped)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    parts = dist.gather([(loss_value, ratio_sum, ratio_n, ratio_max)])
+    stats = {}
+    n = sum(p[2] for p in parts)
+    if n:
+        stats["replay_ratio_mean"] = sum(p[1] for p in parts) / n
+        stats["replay_ratio_max"] = max(p[3] for p in parts)
+    return sum(p[0] for p in parts), stats
+
+
+def _backward(model: torch.nn.Module, batch: Batch, cfg: Config, ref_model: torch.nn.Module | None,
+              scale: float | None, device: torch.device) -> tuple[float, torch.Tensor, Batch]:
+    """Forward and backward of one (micro-)batch; returns its loss, its detached log-probs and
+    the batch on `device`. `scale` (one-batch path) turns the batch's mean into its share of the
+    step's mean; micro-batches carry that share in their row weights instead."""
+    batch = batch.to(device)
+    chunk = cfg.train.logprob_chunk_tokens
+    logp = token_logprobs(model, batch, cfg.rollout.temperature, chunk_tokens=chunk)
+    ref_logp = None
+    if ref_model is not None:
+        with torch.no_grad():
+            ref_logp = token_logprobs(ref_model, batch, cfg.rollout.temperature, chunk_tokens=chunk)
+    loss, _ = grpo_loss(logp, batch, cfg.loss.clip_eps, cfg.loss.beta, ref_logp)
+    if scale is not None:
+        loss = loss * scale  # mean over every group of the step
+    loss.backward()
+    return float(loss.detach()), logp.detach(), batch
