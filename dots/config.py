@@ -170,6 +170,10 @@ class RolloutConfig(_Section):
     vllm_gpu_memory_utilization: float = _range(0, 1, lo_open=True, default=0.35,
                                                 desc="vLLM's share of GPU memory when colocated with the trainer")
     vllm_sleep_mode: bool = Field(True, description="vLLM sleeps (frees its GPU memory) during each update")
+    behaviour_logprobs: Literal["trainer", "vllm"] = Field(
+        "trainer", description="vllm only: where replay's behaviour log-probs come from: 'trainer' (the "
+                               "training forward, micro-batched, after vLLM sleeps: like for like with the "
+                               "update) or 'vllm' (vLLM's own, at the sampling temperature; no extra forward)")
 
 
 class RewardConfig(_Section):
@@ -218,6 +222,23 @@ class TrainConfig(_Section):
                                                   "(dots.determinism); off trades that for GPU speed")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the policy trains; auto = cuda "
                                                                        "when available")
+    micro_batch_tokens: int | None = _range(1, None, default=None,
+                                            desc="padded tokens (rows x (prompt + response)) per forward/backward "
+                                                 "of the update; gradients accumulate over micro-batches, the "
+                                                 "loss is the same (dots.microbatch). null: one batch per step")
+    logprob_chunk_tokens: int = _range(1, None, default=8192,
+                                       desc="response tokens whose full-vocabulary logits exist at once when "
+                                            "log-probs are taken (chunked and recomputed in the backward pass "
+                                            "above this; a batch within it takes one plain log-softmax)")
+    gradient_checkpointing: bool = Field(False, description="keep only each transformer block's inputs and "
+                                                            "recompute its activations in the backward pass "
+                                                            "(less memory, about a third more update compute)")
+    memory_gb: float | None = _range(0, None, lo_open=True, default=None,
+                                     desc="GPU memory per rank to plan against (`dots plan`); null: the visible "
+                                          "GPU's, or no check on a machine without one")
+    fsdp: bool = Field(False, description="shard weights, gradients and AdamW states over the torchrun ranks "
+                                          "with PyTorch FSDP2 (dots.sharding); rollouts and evaluations gather "
+                                          "the whole policy on each rank; no effect in a single process")
 
 
 class TrackingConfig(_Section):

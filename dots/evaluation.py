@@ -79,7 +79,7 @@ def greedy_accuracy(engine: RolloutEngine, tokenizer, questions: list[Question],
     for start in range(0, len(questions), batch_size):
         chunk = questions[start:start + batch_size]
         groups = engine.generate(io.encode(tokenizer, chunk), 1, temperature=1.0,
-                                 max_new_tokens=max_new_tokens, greedy=True)
+                                 max_new_tokens=max_new_tokens, greedy=True, need_logprobs=False)
         io.score(groups, chunk)
         scores.extend(float(g.rewards[0]) for g in groups)
     if per_question:
@@ -95,7 +95,7 @@ def pass_rates(engine: RolloutEngine, tokenizer, questions: list[Question], grou
     for start in range(0, len(questions), chunk):
         part = questions[start:start + chunk]
         groups = engine.generate(io.encode(tokenizer, part), group_size, temperature=temperature,
-                                 max_new_tokens=max_new_tokens, generator=generator)
+                                 max_new_tokens=max_new_tokens, generator=generator, need_logprobs=False)
         io.score(groups, part)
         out.extend(g.mean_reward for g in groups)
     return np.asarray(out, dtype=np.float64)

@@ -28,7 +28,7 @@ from .checkpoints import load_checkpoint
 from .config import Config
 from .evaluation import greedy_accuracy, pass_rates, task_io
 from .models import load_policy, resolve_device
-from .rollout import make_engine
+from .rollout import engine_for
 
 
 def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path | None = None,
@@ -50,8 +50,7 @@ def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path | None
         model.load_state_dict(state["model"])
     model.to(resolve_device(cfg.train.device)).eval()
     r = cfg.rollout
-    engine = make_engine(r.engine, model, tok, r.batch_size, seed=seed, sleep_mode=False,
-                         gpu_memory_utilization=r.vllm_gpu_memory_utilization)
+    engine = engine_for(cfg, model, tok, seed=seed, sleep_mode=False)
     engine.sync_weights(model)  # a vLLM engine loaded the folder's weights, not the checkpoint's
     io = task_io(cfg)
     out: dict[str, Any] = {
@@ -62,7 +61,7 @@ def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path | None
     }
     if samples > 0:
         rates = pass_rates(engine, tok, questions, samples, r.temperature, r.max_new_tokens,
-                           torch.Generator().manual_seed(seed), io=io)
+                           torch.Generator().manual_seed(seed), chunk=max(1, r.batch_size // samples), io=io)
         out.update({"samples": samples, "temperature": r.temperature,
                     f"pass@{samples}": float((rates > 0).mean()), f"mean@{samples}": float(rates.mean())})
     out["seconds"] = time.perf_counter() - start

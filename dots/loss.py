@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
-from .fast_decode import shared_prompt_logits, supports
+from .fast_decode import shared_prompt_hidden, shared_prompt_logits, supports
 from .rollout import Group
 
 
@@ -31,6 +33,9 @@ class Batch:
     old_logprobs: torch.Tensor    # (N, L) behaviour log-probs
     advantages: torch.Tensor      # (N,)
     prompt_width: int
+    # (N,) each row's weight in J when the step is split into micro-batches (1 / (G x groups in
+    # the step)); None: J is the mean over this batch's rows
+    weights: torch.Tensor | None = None
 
     def to(self, device) -> "Batch":
         """The same batch on `device` (the policy's), for a GPU update."""
@@ -78,23 +83,82 @@ def collate(groups: list[Group], pad_id: int, scale_rewards: str = "none") -> Ba
 
 
 def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0,
-                   shared_prompts: bool = True) -> torch.Tensor:
-    """(N, L) log π(o_t | q, o_<t) under `model`, at the sampling temperature.
+                   shared_prompts: bool = True, chunk_tokens: int | None = None) -> torch.Tensor:
+    """(N, L) log π(o_t | q, o_<t) under `model`, at the sampling temperature (0 on padding
+    when chunked; padding is masked everywhere it is used).
 
     For the embedded GPT-2 each distinct prompt is run once (`dots.fast_decode`); any
-    other model, or `shared_prompts=False`, takes the model's own forward over every row."""
+    other model, or `shared_prompts=False`, takes the model's own forward over every row.
+
+    Memory: the full path holds float32 logits of every position over the whole vocabulary
+    (N x L x V; 4,096 x 3,072 x 151,936 for Qwen at the GPU profile's sizes). When the batch
+    has more than `chunk_tokens` positions, the log-probs are taken only at response tokens,
+    `chunk_tokens` at a time, from the final hidden states, and each chunk's logits are
+    recomputed in the backward pass instead of kept (`selective_logprobs`): at most one
+    chunk's logits exist at any moment."""
     length = batch.response_ids.shape[1]
+    n_positions = batch.response_ids.numel()
+    if chunk_tokens is None or n_positions <= chunk_tokens or not _plain_head(model):
+        if shared_prompts and supports(model):
+            logits = shared_prompt_logits(model, batch.input_ids, batch.attention_mask, batch.position_ids,
+                                          batch.prompt_width)
+        else:
+            out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                        position_ids=batch.position_ids, use_cache=False,
+                        logits_to_keep=length + 1)
+            # logits_to_keep keeps the last L+1 positions; position P-1+t predicts response token t.
+            logits = out.logits[:, :-1, :]
+        logp = torch.log_softmax(_upcast(logits) / temperature, dim=-1)
+        return logp.gather(-1, batch.response_ids[..., None]).squeeze(-1)
     if shared_prompts and supports(model):
-        logits = shared_prompt_logits(model, batch.input_ids, batch.attention_mask, batch.position_ids,
-                                      batch.prompt_width).float() / temperature
+        hidden = shared_prompt_hidden(model, batch.input_ids, batch.attention_mask, batch.position_ids,
+                                      batch.prompt_width)
     else:
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                    position_ids=batch.position_ids, use_cache=False,
-                    logits_to_keep=length + 1)
-        # logits_to_keep keeps the last L+1 positions; position P-1+t predicts response token t.
-        logits = out.logits[:, :-1, :].float() / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(-1, batch.response_ids[..., None]).squeeze(-1)
+        out = model.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                               position_ids=batch.position_ids, use_cache=False)
+        hidden = out.last_hidden_state[:, -length - 1:-1]
+    head = model.get_output_embeddings()
+    mask = batch.response_mask
+    picked = selective_logprobs(hidden[mask], batch.response_ids[mask], head.weight, head.bias, temperature,
+                                chunk_tokens)
+    logp = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device)
+    logp[mask] = picked
+    return logp
+
+
+def _upcast(logits: torch.Tensor) -> torch.Tensor:
+    """Log-softmax in float32 at least (bf16 logits lose the ratio's precision); float64 stays."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
+def _plain_head(model: torch.nn.Module) -> bool:
+    """True when logits are just the output projection of the base model's last hidden state
+    (no logit scaling or soft-capping that the chunked path would miss)."""
+    cfg = getattr(model, "config", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return (head is not None and isinstance(head, torch.nn.Linear) and hasattr(model, "base_model")
+            and not getattr(cfg, "final_logit_softcapping", None) and getattr(cfg, "logit_scale", None) is None)
+
+
+def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    temperature: float) -> torch.Tensor:
+    logits = _upcast(F.linear(hidden, weight, bias)) / temperature
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def selective_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       temperature: float, chunk_tokens: int) -> torch.Tensor:
+    """log softmax(hidden @ weightᵀ + bias)/T at `targets`, for (T, E) hidden states, computed
+    `chunk_tokens` rows at a time. With autograd each chunk is checkpointed: the backward pass
+    recomputes its logits, so no more than one chunk's (chunk x V) float32 logits are alive."""
+    parts = []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        h, t = hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens]
+        if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+            parts.append(checkpoint(_chunk_logprobs, h, t, weight, bias, temperature, use_reentrant=False))
+        else:
+            parts.append(_chunk_logprobs(h, t, weight, bias, temperature))
+    return torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
 
 
 def grpo_loss(logprobs: torch.Tensor, batch: Batch, clip_eps: float = 0.2, beta: float = 0.0,
@@ -114,7 +178,8 @@ def grpo_loss(logprobs: torch.Tensor, batch: Batch, clip_eps: float = 0.2, beta:
         d = ref_logprobs - logprobs
         per_token = per_token - beta * (torch.exp(d) - d - 1)  # k3 estimator of KL(π_θ || π_ref)
     lengths = mask.sum(-1).clamp(min=1)
-    objective = ((per_token * mask).sum(-1) / lengths).mean()
+    per_row = (per_token * mask).sum(-1) / lengths
+    objective = per_row.mean() if batch.weights is None else (per_row * batch.weights).sum()
     with torch.no_grad():
         masked_ratio = ratio[batch.response_mask]
         binds = ((adv > 0) & (ratio > 1 + clip_eps)) | ((adv < 0) & (ratio < 1 - clip_eps))

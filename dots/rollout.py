@@ -11,11 +11,14 @@ behind the same protocol.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from .fast_decode import GPT2Decoder, supports
+
+if TYPE_CHECKING:
+    from .config import Config
 
 
 @dataclass
@@ -51,8 +54,10 @@ class RolloutEngine(Protocol):
     """What the trainer needs from a generator."""
 
     def generate(self, prompts: list[list[int]], n: int, *, temperature: float, max_new_tokens: int,
-                 greedy: bool = False, generator: torch.Generator | None = None) -> list[Group]:
-        """n samples for each prompt, one Group per prompt (question_id = index in `prompts`)."""
+                 greedy: bool = False, generator: torch.Generator | None = None,
+                 need_logprobs: bool = True) -> list[Group]:
+        """n samples for each prompt, one Group per prompt (question_id = index in `prompts`).
+        `need_logprobs=False` (evaluation, labelling): behaviour log-probs may be left at 0."""
         ...
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -72,15 +77,17 @@ class _TransformersDecoder:
             ids, attn, pos = ids[rows], attn[rows], pos[rows]
         self.attn = attn
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
-        self.cache = out.cache
+        # transformers >= 5.24 names the KV cache `cache`; earlier releases `past_key_values`
+        self.cache_key = "cache" if hasattr(out, "cache") else "past_key_values"
+        self.cache = getattr(out, self.cache_key)
         return out.logits[:, -1, :]
 
     def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         self.attn = torch.cat([self.attn, torch.ones((tok.shape[0], 1), dtype=self.attn.dtype,
                                                      device=self.attn.device)], dim=1)
-        out = self.model(input_ids=tok[:, None], attention_mask=self.attn, position_ids=pos, cache=self.cache,
-                         use_cache=True, logits_to_keep=1)
-        self.cache = out.cache
+        out = self.model(input_ids=tok[:, None], attention_mask=self.attn, position_ids=pos,
+                         use_cache=True, logits_to_keep=1, **{self.cache_key: self.cache})
+        self.cache = getattr(out, self.cache_key)
         return out.logits[:, -1, :]
 
 
@@ -149,7 +156,9 @@ class HFEngine:
         return out_ids.cpu(), out_mask.cpu(), out_lp.cpu()
 
     def generate(self, prompts: list[list[int]], n: int, *, temperature: float = 1.0, max_new_tokens: int = 16,
-                 greedy: bool = False, generator: torch.Generator | None = None) -> list[Group]:
+                 greedy: bool = False, generator: torch.Generator | None = None,
+                 need_logprobs: bool = True) -> list[Group]:
+        """Sampling yields the log-probs for free here, so `need_logprobs` changes nothing."""
         device = next(self.model.parameters()).device
         if generator is not None and generator.device != device:
             # a seeded generator on the policy's device, drawn from the caller's (checkpointed) one
@@ -204,3 +213,24 @@ def make_engine(name: str, model, tokenizer, batch_size: int, **vllm_options) ->
                                f"GPU; import failed: {exc}") from None
         return VLLMEngine(model, tokenizer, batch_size=batch_size, **vllm_options)
     raise ValueError(f"rollout.engine: unknown engine {name!r}; allowed: hf, vllm")
+
+
+def engine_for(cfg: Config, model, tokenizer, *, seed: int = 0, sleep_mode: bool | None = None) -> RolloutEngine:
+    """The configured engine for `model`, for every stage that rolls out (warm-up spectrum,
+    labelling, training, evaluation): `rollout.engine` with all its params. `sleep_mode`
+    overrides `rollout.vllm_sleep_mode` (stages that never train have no reason to sleep)."""
+    r = cfg.rollout
+    if r.engine == "hf":
+        return make_engine("hf", model, tokenizer, r.batch_size)
+    return make_engine("vllm", model, tokenizer, r.batch_size, gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+                       sleep_mode=r.vllm_sleep_mode if sleep_mode is None else sleep_mode, dtype=cfg.model.dtype,
+                       seed=seed, behaviour_logprobs=r.behaviour_logprobs,
+                       micro_batch_tokens=cfg.train.micro_batch_tokens,
+                       logprob_chunk_tokens=cfg.train.logprob_chunk_tokens)
+
+
+def close_engine(engine: RolloutEngine) -> None:
+    """Free what an engine holds beside the policy (a vLLM engine's GPU memory); hf: nothing."""
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()

@@ -32,7 +32,7 @@ from .models import load_policy, resolve_device
 from .predictor import load_predictor, save_predictor
 from .predictor_training import fit_predictor
 from .progress import Progress, say
-from .rollout import HFEngine
+from .rollout import close_engine, engine_for
 from .trainer import Trainer, final_smoothed, time_to_target
 from .runfiles import json_safe, read_run
 
@@ -116,6 +116,11 @@ def load_data(cfg: Config) -> tuple[list[Question], list[Question]]:
     return load_questions(p.pool), load_questions(p.eval)
 
 
+def _questions_per_chunk(cfg: Config) -> int:
+    """Questions per engine call: G samples each, rollout.batch_size sequences in all."""
+    return max(1, cfg.rollout.batch_size // cfg.rollout.group_size)
+
+
 def run_warmup(cfg: Config) -> dict:
     from .warmup import warmup  # noqa: PLC0415
 
@@ -132,9 +137,11 @@ def run_warmup(cfg: Config) -> dict:
     model, tok = load_policy(policy_path(cfg), getattr(torch, cfg.model.dtype))
     model.to(resolve_device(cfg.train.device))
     sample = pool[: cfg.warmup.spectrum_questions]
-    rates = pass_rates(HFEngine(model, tok, cfg.rollout.batch_size), tok, sample, cfg.rollout.group_size,
-                       cfg.rollout.temperature, cfg.rollout.max_new_tokens, torch.Generator().manual_seed(0),
-                       io=task_io(cfg))
+    engine = engine_for(cfg, model, tok, sleep_mode=False)
+    rates = pass_rates(engine, tok, sample, cfg.rollout.group_size, cfg.rollout.temperature,
+                       cfg.rollout.max_new_tokens, torch.Generator().manual_seed(0),
+                       chunk=_questions_per_chunk(cfg), io=task_io(cfg))
+    close_engine(engine)
     spec = spectrum(rates)
     info["spectrum"] = spec
     info["spectrum_questions"] = len(sample)
@@ -201,10 +208,11 @@ def label(cfg: Config) -> dict:
     for name in cfg.label.policies:
         model, tok = load_policy(labelling_policy(cfg, name), getattr(torch, cfg.model.dtype))
         model.to(resolve_device(cfg.train.device))
-        engine = HFEngine(model, tok, cfg.rollout.batch_size)
+        engine = engine_for(cfg, model, tok, seed=cfg.task.seed, sleep_mode=False)
         rates = pass_rates(engine, tok, subset, cfg.rollout.group_size, cfg.rollout.temperature,
                            cfg.rollout.max_new_tokens, torch.Generator().manual_seed(cfg.task.seed),
-                           io=task_io(cfg))
+                           chunk=_questions_per_chunk(cfg), io=task_io(cfg))
+        close_engine(engine)  # one labelling policy's engine at a time
         out["policies"][name] = (1.0 - rates).tolist()
         spec = spectrum(rates)
         say(f"label: {name}: never {spec['never']:.0%}, sometimes {spec['sometimes']:.0%}, "
