@@ -2,6 +2,7 @@
 `-S key=value` overrides (the same dotted keys as `dvc exp run -S`).
 
     dots prepare | warmup | embed | label | fit-predictor | train [--method M] | compare | all
+    dots plan                     (peak GPU memory per rank; refuses a config that cannot fit)
     dots evaluate --data FILE [--policy DIR | --checkpoint DIR] [--samples G]   (a held-out math set)
     torchrun --nproc-per-node N -m dots.cli train ...                         (data-parallel training)
 """
@@ -32,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
                        ("compare", "time-to-target table of the trained methods"),
                        ("all", "every stage, then train each of train.methods and compare")]:
         sub.add_parser(name, parents=[common], help=text)
+    sub.add_parser("plan", parents=[common],
+                   help="peak GPU memory per rank of this config; exits 1 (naming the key) when it cannot fit")
     train = sub.add_parser("train", parents=[common], help="train one method")
     train.add_argument("--method", choices=METHODS, help="overrides train.method")
     train.add_argument("--restart", action="store_true", help="ignore an existing checkpoint and start over")
@@ -66,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dots: {scrub(str(exc))}", file=sys.stderr)
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.command == "plan":
+        return _plan(cfg)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.command != "train":
         print(f"dots {args.command}: runs in one process; only `dots train` runs under torchrun",
               file=sys.stderr)
@@ -104,6 +109,28 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, ConnectionError) as exc:  # bad input, unreachable service
         print(f"dots {args.command}: {scrub(str(exc))}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _plan(cfg) -> int:
+    """`dots plan`: print the memory plan; a config that cannot fit is refused with the key to change."""
+    from .memory_plan import PlanError, device_memory, estimate, policy_shape  # noqa: PLC0415
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        shape = policy_shape(cfg)
+        device_bytes, device = device_memory(cfg)
+        plan = estimate(cfg, shape, world, device_bytes, device)
+        print(f"{shape.params / 1e6:,.1f}M parameters, {world} rank(s)")
+        print(plan.table())
+        from .memory_plan import check  # noqa: PLC0415
+
+        check(plan, cfg, shape)
+    except (PlanError, ValueError) as exc:
+        print(f"dots plan: {scrub(str(exc).splitlines()[0])}", file=sys.stderr)  # the table is printed above
+        return 1
+    print("fits" if device_bytes is not None else "no GPU memory to check against (set train.memory_gb to plan "
+          "for one)")
     return 0
 
 

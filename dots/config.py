@@ -87,6 +87,8 @@ class ModelConfig(_Section):
     pretrained: str | None = Field(None, description="hub name or local folder of a causal LM to fine-tune; "
                                                      "set, it replaces the tiny model and skips the warm-up")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="policy weights' dtype")
+    plan_config: str | None = Field(None, description="a config.json with model.pretrained's architecture, for "
+                                                      "`dots plan` on a machine that has not downloaded the model")
     n_layer: int = _range(1, 48, default=3, desc="transformer blocks of the tiny GPT-2")
     n_embd: int = _range(8, 4096, default=64, desc="hidden size")
     n_head: int = _range(1, 64, default=4, desc="attention heads; must divide n_embd")

@@ -24,7 +24,7 @@ from .atomic import write_text
 from .determinism import setup_from_config
 from .config import Config
 from .data import Question, generate, load_questions, save_questions
-from .distributed import launched_main
+from .distributed import launched_main, launched_world_size
 from .embeddings import (StaleCacheError, backbone_identity, encode_with_sentence_transformers, load_embeddings,
                          masked_mean_embeddings, save_embeddings)
 from .evaluation import pass_rates, spectrum, task_io
@@ -242,10 +242,25 @@ def fit(cfg: Config) -> dict:
     return metrics
 
 
+def _check_memory(cfg: Config) -> None:
+    """On a GPU (or with train.memory_gb), print the memory plan and refuse a config that cannot fit."""
+    from .memory_plan import device_memory, estimate, check, policy_shape  # noqa: PLC0415
+
+    device_bytes, device = device_memory(cfg)
+    if device_bytes is None:
+        return  # a CPU run: nothing to plan against
+    shape = policy_shape(cfg)
+    plan = estimate(cfg, shape, launched_world_size(), device_bytes, device)
+    check(plan, cfg, shape)
+    if launched_main():
+        say(plan.table())
+
+
 def train(cfg: Config, method: str | None = None, resume: bool = True, run_dir: Path | None = None,
           checkpoint_dir: Path | None = None, seed_tag: int | None = None) -> dict:
     """Train one method; `run_dir`/`checkpoint_dir`/`seed_tag` let the benchmark keep one run per seed."""
     method = method or cfg.train.method
+    _check_memory(cfg)  # before any model loads: a config that cannot fit is refused now, not hours in
     p = paths(cfg)
     run_dir = run_dir or p.run(method)
     checkpoint_dir = checkpoint_dir or p.checkpoints(method)
