@@ -17,6 +17,12 @@ stay identical step after step:
   are all-reduced by sum (`all_reduce_grads`) before the identical clip and optimizer step;
 - **writes on rank 0**: checkpoints, run files, MLflow logging and progress lines.
 
+With `train.fsdp` the policy is sharded instead of replicated (`dots.sharding`, PyTorch FSDP2):
+weights, gradients and AdamW states are split over the ranks, gradients are reduce-scattered in
+the backward pass (no `all_reduce_grads`), every rank runs the same number of micro-batches
+(padding ones with zero loss), rollouts and evaluations run on the whole policy gathered on each
+rank (`dots.sharding.gathered`), and checkpoints hold the full (gathered) model and optimizer state.
+
 `train.batch_size` stays the global batch B; each rank generates about B/world groups.
 Backend: gloo on CPU, nccl on CUDA (device cuda:LOCAL_RANK). Without WORLD_SIZE > 1 in the
 environment everything here is a no-op and training is the single-process loop.
@@ -111,12 +117,26 @@ class Dist:
         """Raise if any rank's weights differ from rank 0's (they never should)."""
         if not self.enabled:
             return
+        if fsdp_sharded(model):
+            # FSDP2 (train.fsdp): each rank holds a different 1/world slice of every weight by design, and
+            # each element of the weights, of its gradient (reduce-scattered) and of its AdamW states lives
+            # on exactly one rank: there is no replica that could drift, so nothing to compare
+            return
         with torch.no_grad():
             mine = [float(p.detach().double().sum()) for p in model.parameters()]
         sums = self.gather([mine])
         bad = [r for r, s in enumerate(sums) if s != sums[0]]
         if bad:
             raise RuntimeError(f"distributed: the weights of rank(s) {bad} differ from rank 0's")
+
+
+def fsdp_sharded(model: torch.nn.Module) -> bool:
+    """True when `model` was sharded with FSDP2 (`dots.sharding.shard_model`, `train.fsdp`)."""
+    if not tdist.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
 def _all_reduce_flat(grads: list[torch.Tensor]) -> None:

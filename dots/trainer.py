@@ -14,7 +14,9 @@ training data: they fill the next fresh slots before any new question is generat
 What it simplifies: one optimizer step per batch (so π_old = the sampling policy and a
 fresh group's ratio is 1), greedy held-out evaluation paused out of the training clock.
 Under torchrun the same loop runs data-parallel (`dots.distributed`): rank 0 decides,
-rollouts and the update are sharded, checkpoints and run files are written by rank 0.
+rollouts and the update are sharded, checkpoints and run files are written by rank 0; with
+`train.fsdp` the policy's weights, gradients and AdamW states are sharded too (`dots.sharding`),
+and each rollout or evaluation runs on the policy gathered whole on every rank.
 Degenerate groups (all rewards equal) have zero advantage; with β = 0 they contribute
 nothing to the gradient, so the update skips their forward/backward and keeps the mean
 over *all* groups by scaling — the gradient is the same, the cost is not.
@@ -25,7 +27,8 @@ from __future__ import annotations
 import copy
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,13 +43,13 @@ from .distributed import SINGLE, Dist, rank_generator, setup
 from .embeddings import backbone_identity
 from .evaluation import greedy_accuracy, pass_rates, task_io
 from .faults import fault_point
-from .loss import collate, grpo_loss, token_logprobs
+from .update import trained_groups, update_on_groups  # noqa: F401  (re-exported)
 from .models import load_policy, resolve_device
 from .predictor import DifficultyPredictor
 from .predictor_training import pearson
 from .progress import say
 from .replay import ReplayBuffer
-from .rollout import Group, make_engine
+from .rollout import Group, engine_for
 from .selection import select_questions
 from .runfiles import summarize, write_run_files
 
@@ -93,59 +96,6 @@ def time_to_target(evals: list[dict], target: float | None, window: int = 1) -> 
     return (None, None) if e is None else (float(e["elapsed_s"]), int(e["step"]))
 
 
-def trained_groups(groups: list[Group], beta: float) -> list[Group]:
-    """The groups the update forwards: all of them with a KL term, else only the informative
-    ones (a degenerate group has zero advantage and, with β = 0, zero gradient)."""
-    return groups if beta > 0 else [g for g in groups if g.informative]
-
-
-def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups: list[Group], cfg: Config,
-                     pad_id: int, *, ref_model: torch.nn.Module | None = None, replayed: list[Group] = (),
-                     dist: Dist = SINGLE) -> tuple[float, dict]:
-    """One optimizer step on a step's groups: the loss is −J averaged over *all* `groups`
-    (degenerate ones add nothing with β = 0, so only the informative ones are forwarded).
-
-    Under torch.distributed each rank forwards a contiguous shard of the used groups, scaled
-    by shard/len(groups), so the ranks' losses — and their gradients, summed by all-reduce
-    before clipping — add up to the single-process ones. Returns (loss, stats), the same on
-    every rank; stats has the replayed groups' importance ratios when there are any."""
-    used = trained_groups(groups, cfg.loss.beta)
-    if not used:
-        return 0.0, {}
-    mine = used[dist.shard(len(used))]
-    opt.zero_grad(set_to_none=True)
-    loss_value, ratio_sum, ratio_n, ratio_max = 0.0, 0.0, 0, float("-inf")
-    if mine:
-        device = next(model.parameters()).device
-        batch = collate(mine, pad_id, cfg.loss.scale_rewards).to(device)
-        logp = token_logprobs(model, batch, cfg.rollout.temperature)
-        ref_logp = None
-        if ref_model is not None:
-            with torch.no_grad():
-                ref_logp = token_logprobs(ref_model, batch, cfg.rollout.temperature)
-        loss, _ = grpo_loss(logp, batch, cfg.loss.clip_eps, cfg.loss.beta, ref_logp)
-        loss = loss * (len(mine) / len(groups))  # mean over every group of the step
-        loss.backward()
-        loss_value = float(loss.detach())
-        ids = {id(g) for g in replayed}
-        rows = torch.cat([torch.full((g.size,), id(g) in ids) for g in mine]).to(device)
-        if rows.any():
-            with torch.no_grad():
-                ratio = torch.exp(logp.detach() - batch.old_logprobs)[rows][batch.response_mask[rows]]
-            ratio_sum, ratio_n, ratio_max = float(ratio.double().sum()), ratio.numel(), float(ratio.max())
-    dist.all_reduce_grads(model)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
-    fault_point("update")  # ... and here (gradients computed, weights not yet stepped)
-    opt.step()
-    parts = dist.gather([(loss_value, ratio_sum, ratio_n, ratio_max)])
-    stats = {}
-    n = sum(p[2] for p in parts)
-    if n:
-        stats["replay_ratio_mean"] = sum(p[1] for p in parts) / n
-        stats["replay_ratio_max"] = max(p[3] for p in parts)
-    return sum(p[0] for p in parts), stats
-
-
 class Trainer:
     def __init__(self, cfg: Config, method: str, policy_dir: str | Path, pool: list[Question],
                  eval_set: list[Question], run_dir: str | Path, predictor: DifficultyPredictor | None = None,
@@ -164,15 +114,23 @@ class Trainer:
         dtype = getattr(torch, cfg.model.dtype)
         self.model, self.tokenizer = load_policy(policy_dir, dtype)
         self.model.to(self.device)
+        if cfg.train.gradient_checkpointing:
+            self.model.activation_checkpointing_enable({"use_reentrant": False})
+        # train.fsdp under torchrun: weights, gradients and AdamW states sharded over the ranks (FSDP2),
+        # before the engine and the optimizer see the parameters
+        self.sharded = cfg.train.fsdp and self.dist.enabled
+        self._gathered_depth = 0
+        if self.sharded:
+            from .sharding import shard_model
+
+            shard_model(self.model)
         self.io = task_io(cfg)
         self.policy_identity = backbone_identity(policy_dir)  # a re-run warm-up invalidates checkpoints
         self.model.train()
         self.ref_model = None
         if cfg.loss.beta > 0:
             self.ref_model = load_policy(policy_dir, dtype)[0].to(self.device).eval().requires_grad_(False)
-        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg.rollout.batch_size,
-                                  gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
-                                  sleep_mode=cfg.rollout.vllm_sleep_mode, seed=cfg.train.seed)
+        self.engine = engine_for(cfg, self.model, self.tokenizer, seed=cfg.train.seed)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, weight_decay=0.0)
         self.np_rng = np.random.default_rng(cfg.train.seed)
         self.gen = torch.Generator().manual_seed(cfg.train.seed)
@@ -210,6 +168,27 @@ class Trainer:
         self.dist.barrier()  # every rank has read the checkpoint before rank 0 may replace it
 
     # ---- rollouts --------------------------------------------------------------------------
+    @contextmanager
+    def _generating(self) -> Iterator[None]:
+        """Where the engine generates: under train.fsdp, with the whole policy gathered on each rank
+        (`dots.sharding.gathered`; entering and leaving are collective, so every rank enters, even one
+        with nothing to generate, and inside each rank may run any number of forwards). A no-op
+        otherwise, and when already inside."""
+        if not self.sharded or self._gathered_depth:
+            yield
+            return
+        from .sharding import gathered
+
+        wake = getattr(self.engine, "wake", None)
+        if wake is not None:
+            wake()  # a sleeping vLLM reloads the weights here, on every rank (a collective under FSDP)
+        self._gathered_depth += 1
+        try:
+            with gathered(self.model):
+                yield
+        finally:
+            self._gathered_depth -= 1
+
     def _rollout(self, idx: np.ndarray) -> list[Group]:
         """Generate and score G samples for each pool question in `idx` with the current policy
         (under torchrun: this rank's shard of `idx`, then every rank's groups in `idx` order)."""
@@ -219,12 +198,14 @@ class Trainer:
         mine = idx[self.dist.shard(len(idx))]
         gen = rank_generator(self.gen, self.dist) if self.dist.enabled else self.gen
         groups: list[Group] = []
+        with self._generating():
+            if len(mine):
+                self.model.eval()
+                prompts = [self.prompts[i] for i in mine]
+                groups = self.engine.generate(prompts, r.group_size, temperature=r.temperature,
+                                              max_new_tokens=r.max_new_tokens, generator=gen)
+                self.model.train()
         if len(mine):
-            self.model.eval()
-            prompts = [self.prompts[i] for i in mine]
-            groups = self.engine.generate(prompts, r.group_size, temperature=r.temperature,
-                                          max_new_tokens=r.max_new_tokens, generator=gen)
-            self.model.train()
             fault_point("rollout")  # the reliability suite kills runs here (between generate and score)
             self.io.score(groups, [self.pool[i] for i in mine])
         for g, i in zip(groups, mine):
@@ -345,9 +326,10 @@ class Trainer:
         afresh at every call: every evaluation and every method draws the same dice."""
         mine = questions[self.dist.shard(len(questions))]
         r = self.cfg.rollout
-        rates = pass_rates(self.engine, self.tokenizer, mine, n, r.temperature, r.max_new_tokens,
-                           torch.Generator().manual_seed(seed + 7919 * self.dist.rank),
-                           chunk=max(1, self.cfg.eval.batch_size // n), io=self.io) if mine else np.zeros(0)
+        with self._generating():
+            rates = pass_rates(self.engine, self.tokenizer, mine, n, r.temperature, r.max_new_tokens,
+                               torch.Generator().manual_seed(seed + 7919 * self.dist.rank),
+                               chunk=max(1, self.cfg.eval.batch_size // n), io=self.io) if mine else np.zeros(0)
         return np.asarray(self.dist.gather(rates.tolist()), dtype=np.float64)
 
     def evaluate(self) -> dict:
@@ -359,8 +341,9 @@ class Trainer:
             per_question = self._rates(self.eval_set, ev.samples, ev.seed)
         else:
             mine = self.eval_set[self.dist.shard(len(self.eval_set))]  # under torchrun: this rank's share
-            acc = greedy_accuracy(self.engine, self.tokenizer, mine, self.cfg.rollout.max_new_tokens,
-                                  ev.batch_size, self.io, per_question=True) if mine else []
+            with self._generating():
+                acc = greedy_accuracy(self.engine, self.tokenizer, mine, self.cfg.rollout.max_new_tokens,
+                                      ev.batch_size, self.io, per_question=True) if mine else []
             per_question = np.asarray(self.dist.gather(list(acc)), dtype=np.float64)
         e = {"step": self.step, "elapsed_s": self.elapsed, "accuracy": float(per_question.mean()),
              "accuracy_se": float(per_question.std(ddof=1) / np.sqrt(len(per_question)))
@@ -410,12 +393,16 @@ class Trainer:
                                      "train.checkpoint_every", "train.steps")) + ":" + self.policy_identity
 
     def _checkpoint(self) -> None:
+        if self.sharded:  # every rank takes part in gathering the full model and optimizer state
+            model_state, opt_state = self._full_states()
         if not self.dist.main:
             return  # every rank holds the same state; rank 0 writes it
+        if not self.sharded:
+            model_state, opt_state = self.model.state_dict(), self.opt.state_dict()
         save_checkpoint(self.checkpoint_dir, {
             "method": self.method, "fingerprint": self._run_fingerprint(),
             "step": self.step, "elapsed": self.elapsed,
-            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "model": model_state, "optimizer": opt_state,
             "np_rng": self.np_rng.bit_generator.state, "torch_gen": self.gen.get_state(),
             "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(),
             "buffer": self.buffer.state_dict(),
@@ -426,6 +413,33 @@ class Trainer:
                       "calibration": self.predictor.calibration.state_dict() if self.predictor else None},
             "records": self.records, "evals": self.evals,
         })
+
+    def _full_states(self) -> tuple[dict, dict]:
+        """train.fsdp: the model's full state dict (plain-model keys, on the CPU) and the optimizer's
+        full state (keyed by parameter name, on the CPU of rank 0; other ranks get an empty dict).
+        Collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        from .sharding import full_state_dict
+
+        model_state = full_state_dict(self.model, cpu=True)
+        if not self.opt.state:  # no step taken yet: get_optimizer_state_dict would initialise the
+            return model_state, {}  # states by stepping (AdamW's step count would then be off by one)
+        opt_state = get_optimizer_state_dict(self.model, self.opt,
+                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return model_state, opt_state
+
+    def _load_full_states(self, model_state: dict, opt_state: dict) -> None:
+        """train.fsdp: `_full_states`' dicts back into the sharded model and optimizer (every rank
+        holds the whole checkpoint and takes its own slices)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        from .sharding import load_full_state_dict
+
+        load_full_state_dict(self.model, model_state)
+        if opt_state:  # empty: saved before any step, a fresh optimizer is the same
+            self.opt.zero_grad(set_to_none=True)
+            set_optimizer_state_dict(self.model, self.opt, opt_state, options=StateDictOptions(full_state_dict=True))
 
     def _restore(self) -> None:
         state = load_checkpoint(self.checkpoint_dir)
@@ -442,8 +456,11 @@ class Trainer:
             say(f"{self.checkpoint_dir}: checkpoint (step {state['step']}) was made with other params or another "
                 f"warm-up policy; starting over, old state kept as {kept.name}")
             return
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
+        if self.sharded:
+            self._load_full_states(state["model"], state["optimizer"])
+        else:
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optimizer"])
         self.np_rng.bit_generator.state = state["np_rng"]
         self.gen.set_state(state["torch_gen"])
         torch.set_rng_state(state["torch_rng"])
@@ -456,6 +473,7 @@ class Trainer:
         self.round_seen = [(int(q), float(d)) for q, d in rnd["seen"].tolist()] if "seen" in rnd else []
         if self.predictor is not None and rnd.get("calibration") is not None:
             self.predictor.calibration.load_state_dict(rnd["calibration"])  # refitted online
+        self.engine.sync_weights(self.model)  # a vLLM engine still holds the warm-up weights it loaded
         self.step, self.elapsed = state["step"], state["elapsed"]
         self.records, self.evals = state["records"], state["evals"]
         if self.records:

@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 
 from .config import Config
-from .distributed import SINGLE, Dist
+from .distributed import SINGLE, Dist, fsdp_sharded
 from .faults import fault_point
 from .loss import Batch, collate, grpo_loss, token_logprobs
-from .microbatch import collate_rows, pack
+from .microbatch import Rows, collate_rows, pack
 from .rollout import Group
 
 
@@ -39,7 +39,12 @@ def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups:
     by shard/len(groups), so the ranks' losses — and their gradients, summed by all-reduce
     before clipping — add up to the single-process ones. Returns (loss, stats), the same on
     every rank; stats has the replayed groups' importance ratios when there are any.
-    Gradients are freed after the step, so rollouts do not share the GPU with them."""
+    Gradients are freed after the step, so rollouts do not share the GPU with them.
+
+    A model sharded with FSDP2 (`train.fsdp`, `dots.sharding`) reduce-scatters its gradients in
+    each backward, so there is no all-reduce; and since each of its forwards and backwards is a
+    collective, every rank runs as many (micro-)batches as the rank with the most: the others
+    (an empty share included) add passes on one row whose loss is multiplied by 0.0."""
     used = trained_groups(groups, cfg.loss.beta)
     if not used:
         return 0.0, {}
@@ -60,6 +65,13 @@ def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups:
     else:
         batches = [(collate_rows(parts, pad_id, len(groups), cfg.loss.scale_rewards),
                     flags([(p.group, p.n) for p in parts]), None) for parts in pack(mine, budget)]
+    sharded = fsdp_sharded(model)
+    if sharded and dist.enabled:
+        most = max(dist.gather([len(batches)]))
+        if len(batches) < most:  # zero-gradient passes: one row of the step's first used group
+            pad = (collate_rows([Rows(used[0], 0, 1)], pad_id, len(groups), cfg.loss.scale_rewards),
+                   torch.zeros(1, dtype=torch.bool), 0.0)
+            batches += [pad] * (most - len(batches))
     for batch, rows, scale in batches:
         loss, logp, batch = _backward(model, batch, cfg, ref_model, scale, device)
         loss_value += loss
@@ -70,7 +82,8 @@ def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups:
             ratio_sum += float(ratio.double().sum())
             ratio_n += ratio.numel()
             ratio_max = max(ratio_max, float(ratio.max()))
-    dist.all_reduce_grads(model)
+    if not sharded:
+        dist.all_reduce_grads(model)  # FSDP2 reduce-scattered them in each backward
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
     fault_point("update")  # the reliability suite kills runs here (gradients computed, weights not yet stepped)
     opt.step()
