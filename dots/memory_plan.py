@@ -10,7 +10,8 @@ fit, naming the key to change:
   `train.fsdp`), the activations one micro-batch keeps for its backward pass, the logits
   of one log-prob chunk (forward, recompute and gradient), and what vLLM keeps while
   asleep (nothing at level 2 beyond its context; its whole share without sleep mode);
-- **rollout**: weights and AdamW states (gradients are freed after each step), plus
+- **rollout**: weights (whole: under FSDP rollouts gather the policy on every rank) and
+  AdamW states (gradients are freed after each step), plus
   vLLM's share of the device (`rollout.vllm_gpu_memory_utilization`: its weights and KV
   cache) or, on the `hf` engine, the KV cache and one step's logits of a rollout batch.
 
@@ -140,7 +141,7 @@ def estimate(cfg: Config, shape: Shape, world: int = 1, device_bytes: float | No
     """The two peaks of one rank for `cfg` on a policy of `shape` (see the module docstring);
     `prompt` overrides the assumed longest prompt."""
     b = DTYPE_BYTES[cfg.model.dtype]
-    shard = world if getattr(cfg.train, "fsdp", False) else 1
+    shard = world if cfg.train.fsdp else 1
     weights = shape.params * b / shard
     prompt = prompt_tokens(cfg) if prompt is None else prompt
     tokens = micro_batch_tokens(cfg, world, prompt)
@@ -161,7 +162,8 @@ def estimate(cfg: Config, shape: Shape, world: int = 1, device_bytes: float | No
     fixed = CUDA_CONTEXT if device == "cuda" else 0.0
     update = {"weights": weights, "gradients": weights, "adamw_states": 2 * weights,
               "activations": acts, "logits_chunk": logits}
-    rollout = {"weights": weights, "adamw_states": 2 * weights}
+    # rollouts run on the policy gathered whole on every rank, also under train.fsdp
+    rollout = {"weights": shape.params * b, "adamw_states": 2 * weights}
     r = cfg.rollout
     if r.engine == "vllm":
         share = r.vllm_gpu_memory_utilization * (device_bytes or 0.0)
