@@ -36,7 +36,7 @@ from .atomic import write_text
 from .config import METHODS, Config, apply_overrides
 from .progress import say
 from .runfiles import json_safe
-from .trainer import final_smoothed, target_eval
+from .runfiles import final_smoothed, target_eval
 
 RESULTS = Path("results/bench")
 SHARED_SECTIONS = ("task", "model", "warmup", "embed", "label", "predictor", "rollout", "selection.ref_size")
@@ -76,8 +76,7 @@ def prepare_shared(cfg: Config) -> dict:
     if marker.exists() and json.loads(marker.read_text()).get("key") == key and stages.paths(cfg).predictor.exists():
         say(f"bench: shared stages under {cfg.root} are current; reusing them")
         return json.loads(marker.read_text())["info"]
-    info = {"prepare": stages.prepare(cfg), "warmup": stages.run_warmup(cfg), "embed": stages.embed(cfg),
-            "label": stages.label(cfg), "predictor": stages.fit(cfg)}
+    info = stages.run_shared(cfg)
     write_text(marker, json.dumps(json_safe({"key": key, "info": info}), indent=1))
     return info
 

@@ -101,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "evaluate":
             _evaluate(cfg, args)
         elif args.command == "all":
-            for stage in (stages.prepare, stages.run_warmup, stages.embed, stages.label, stages.fit):
-                stage(cfg)
+            stages.run_shared(cfg)
             for method in cfg.train.methods:  # a full run starts training over
                 stages.train(cfg, method, resume=False)
             stages.compare(cfg)

@@ -42,6 +42,46 @@ def _range(lo: float | None = None, hi: float | None = None, *, lo_open=False, h
     return Field(default, description=desc, json_schema_extra={"allowed": allowed}, **kw)
 
 
+DatasetFormat = Literal["parquet", "jsonl", "datasets"]
+
+
+class DatasetSpec(BaseModel):
+    """Where a prompt pool lives and which (dotted) columns hold question, answer and id.
+
+    The defaults fit verl's parquet layout (deepscaler); a dotted path walks into struct / dict
+    columns (``reward_model.ground_truth``), and a path that ends at a list of chat messages
+    (verl's ``prompt`` column) yields the content of the last user message.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(..., min_length=1, description="a .parquet / .jsonl file, a datasets save_to_disk "
+                                                     "folder, or a Hugging Face hub name (online only)")
+    format: DatasetFormat | None = Field(None, description="parquet | jsonl | datasets; None infers it from the "
+                                                    "path (.parquet, .jsonl/.json, anything else: datasets)")
+    question: str = Field("extra_info.question", min_length=1,
+                          description="dotted column of the question text (or of a list of chat messages)")
+    answer: str = Field("reward_model.ground_truth", min_length=1,
+                        description="dotted column of the ground-truth answer (LaTeX for math_verify)")
+    id: str | None = Field("extra_info.index", description="dotted column of a unique non-negative integer "
+                                                           "id; None numbers rows 0, 1, ...")
+    max_chars: int = Field(20000, ge=1, description="longest question or answer accepted; longer rows are "
+                                                    "refused (they would be truncated by the prompt budget)")
+    split: str = Field("train", min_length=1, description="split to load (datasets format only)")
+    limit: int | None = Field(None, ge=1, description="keep only the first `limit` rows (quick runs)")
+
+    @property
+    def resolved_format(self) -> "DatasetFormat":
+        if self.format is not None:
+            return self.format
+        suffix = Path(self.path).suffix.lower()
+        if suffix == ".parquet":
+            return "parquet"
+        if suffix in (".jsonl", ".json"):
+            return "jsonl"
+        return "datasets"
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -102,11 +142,11 @@ class ModelConfig(_Section):
 
 
 class WarmupConfig(_Section):
-    steps: int = _range(1, None, default=1000, desc="supervised steps; stopped early on purpose so the "
+    steps: int = _range(1, None, default=400, desc="supervised steps; stopped early on purpose so the "
                                                     "pool keeps unsolved and half-solved questions")
     batch_size: int = _range(1, None, default=128, desc="sequences per supervised step")
     lr: float = _range(0, 1, lo_open=True, default=3e-3, desc="AdamW learning rate")
-    checkpoints: list[int] = Field(default_factory=lambda: [800, 900],
+    checkpoints: list[int] = Field(default_factory=lambda: [300, 350],
                                    description="intermediate steps saved as extra labelling policies")
     spectrum_questions: int = _range(8, None, default=1024, desc="pool questions rolled out (G each) to "
                                                                  "print the difficulty spectrum")
@@ -123,7 +163,7 @@ class EmbedConfig(_Section):
 
 class LabelConfig(_Section):
     num_questions: int = _range(8, None, default=2048, desc="pool questions labelled for the predictor")
-    policies: list[str] = Field(default_factory=lambda: ["step800", "step900", "final"],
+    policies: list[str] = Field(default_factory=lambda: ["step300", "step350", "final"],
                                 description="warm-up checkpoints whose pass rates label the predictor data")
 
 
@@ -185,7 +225,7 @@ class RewardConfig(_Section):
 
 
 class EvalConfig(_Section):
-    every: int = _range(1, None, default=5, desc="steps between held-out evaluations (the resolution of "
+    every: int = _range(1, None, default=10, desc="steps between held-out evaluations (the resolution of "
                                                   "time-to-target)")
     batch_size: int = _range(1, None, default=1024, desc="sequences per evaluation decoding batch")
     metric: Literal["sampled", "greedy"] = Field("sampled", description="'sampled': mean reward of "
@@ -193,7 +233,7 @@ class EvalConfig(_Section):
                                                  "temperature (mean@k, the usual RLVR metric; it keeps moving "
                                                  "while the policy sharpens); 'greedy': exact match of one "
                                                  "greedy answer (saturates early)")
-    samples: int = _range(1, None, default=4, desc="k answers per held-out question (sampled metric)")
+    samples: int = _range(1, None, default=2, desc="k answers per held-out question (sampled metric)")
     seed: int = Field(1234, description="seed of the evaluation's sampling, the same at every evaluation "
                                         "and for every method (common random numbers: differences between "
                                         "two evaluations come from the policy, not from the dice)")
@@ -212,7 +252,7 @@ class TrainConfig(_Section):
     seed: int = Field(0, description="seed of rollouts, selection and replay sampling")
     steps: int = _range(1, None, default=300, desc="step budget shared by every method")
     batch_size: int = _range(1, None, default=64, desc="B, question groups per step")
-    lr: float = _range(0, 1, lo_open=True, default=1e-3, desc="AdamW learning rate")
+    lr: float = _range(0, 1, lo_open=True, default=3e-4, desc="AdamW learning rate (best of 1e-4, 3e-4, 1e-3 for grpo on the embedded task)")
     max_grad_norm: float = _range(0, None, lo_open=True, default=1.0, desc="gradient clipping")
     checkpoint_every: int = _range(1, None, default=50, desc="steps between resumable checkpoints")
     target_accuracy: float | None = _range(0, 1, default=None,
@@ -309,8 +349,6 @@ class Config(_Section):
         if self.task.source == "dataset":
             if not self.task.dataset:
                 raise ValueError("task.dataset: needed when task.source is 'dataset' (at least a path)")
-            from .datasets import DatasetSpec  # noqa: PLC0415  (config stays importable without it)
-
             try:
                 DatasetSpec.model_validate(self.task.dataset)
             except ValidationError as exc:

@@ -29,58 +29,21 @@ import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from .config import DatasetFormat as Format, DatasetSpec  # noqa: F401  (re-exported)
 from .data import Question, pool_hash
 
 MAX_REPORTED = 20
 _Problems = list[tuple[int, str]]  # (line or row, message), sorted into file order before reporting
 _Read = tuple[dict[str, list], _Problems]  # {dotted column: values}, problems found while reading
-Format = Literal["parquet", "jsonl", "datasets"]
 _MISSING = object()
 
 
 class DatasetError(ValueError):
     """A dataset cannot be read, or some of its rows are invalid. The message names file, row and column."""
-
-
-class DatasetSpec(BaseModel):
-    """Where a prompt pool lives and which (dotted) columns hold question, answer and id.
-
-    The defaults fit verl's parquet layout (deepscaler); a dotted path walks into struct / dict
-    columns (``reward_model.ground_truth``), and a path that ends at a list of chat messages
-    (verl's ``prompt`` column) yields the content of the last user message.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    path: str = Field(..., min_length=1, description="a .parquet / .jsonl file, a datasets save_to_disk "
-                                                     "folder, or a Hugging Face hub name (online only)")
-    format: Format | None = Field(None, description="parquet | jsonl | datasets; None infers it from the "
-                                                    "path (.parquet, .jsonl/.json, anything else: datasets)")
-    question: str = Field("extra_info.question", min_length=1,
-                          description="dotted column of the question text (or of a list of chat messages)")
-    answer: str = Field("reward_model.ground_truth", min_length=1,
-                        description="dotted column of the ground-truth answer (LaTeX for math_verify)")
-    id: str | None = Field("extra_info.index", description="dotted column of a unique non-negative integer "
-                                                           "id; None numbers rows 0, 1, ...")
-    max_chars: int = Field(20000, ge=1, description="longest question or answer accepted; longer rows are "
-                                                    "refused (they would be truncated by the prompt budget)")
-    split: str = Field("train", min_length=1, description="split to load (datasets format only)")
-    limit: int | None = Field(None, ge=1, description="keep only the first `limit` rows (quick runs)")
-
-    @property
-    def resolved_format(self) -> Format:
-        if self.format is not None:
-            return self.format
-        suffix = Path(self.path).suffix.lower()
-        if suffix == ".parquet":
-            return "parquet"
-        if suffix in (".jsonl", ".json"):
-            return "jsonl"
-        return "datasets"
 
 
 # --------------------------------------------------------------------------------------

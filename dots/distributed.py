@@ -165,13 +165,6 @@ def setup(device: torch.device) -> tuple[Dist, torch.device]:
     return Dist(tdist.get_rank(), tdist.get_world_size(), local), device
 
 
-def current() -> Dist:
-    """The running process group as a Dist (SINGLE when none was set up)."""
-    if tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1:
-        return Dist(tdist.get_rank(), tdist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
-    return SINGLE
-
-
 def rank_generator(shared: torch.Generator, dist: Dist) -> torch.Generator:
     """A sampling generator for this rank: one draw from the shared generator (which advances
     alike on every rank, so checkpoints stay rank-independent) plus the rank."""

@@ -28,7 +28,7 @@ from .checkpoints import load_checkpoint
 from .config import Config
 from .evaluation import greedy_accuracy, pass_rates, task_io
 from .models import load_policy, resolve_device
-from .rollout import engine_for
+from .engines import engine_for
 
 
 def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path | None = None,

@@ -80,5 +80,3 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def count_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

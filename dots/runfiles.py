@@ -4,12 +4,15 @@ Every training run writes, in its run folder: `records.jsonl` (one line of §4 f
 step), `evals.json` (held-out accuracy against training seconds) and `summary.json`
 (time_to_target_s, steps_to_target, final_accuracy and the medians of the step figures).
 These files are what `dots compare` reads and what the pipeline's MLflow logging replays.
+`RunResult` and the time-to-target rule (DESIGN §5) live here, beside the files that carry
+them, so the trainer, compare and the bench read one definition.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +22,6 @@ from .atomic import write_text
 
 if TYPE_CHECKING:
     from .config import Config
-    from .trainer import RunResult
 
 STEP_FIGURES = ("time/step_s", "time/rollout_s", "time/update_s", "time/select_s", "train/effective_ratio",
                 "train/reward_mean", "replay/staleness_mean", "dots/pearson", "dots/mae")
@@ -42,7 +44,49 @@ def json_safe(obj: Any) -> Any:
     return _clean(obj)
 
 
-def summarize(result: "RunResult") -> dict:
+@dataclass
+class RunResult:
+    method: str
+    records: list[dict]
+    evals: list[dict]
+    final_accuracy: float
+    target_accuracy: float | None = None
+    time_to_target_s: float | None = None
+    steps_to_target: int | None = None
+    summary: dict = field(default_factory=dict)
+    final_smoothed: float | None = None  # mean of the last eval.smooth evaluations
+
+
+def smoothed(evals: list[dict], window: int = 1) -> list[float]:
+    """Trailing mean of the last `window` evaluations' accuracy at each evaluation (fewer at the
+    start): one noisy evaluation can neither set the target nor reach it."""
+    acc = [float(e["accuracy"]) for e in evals]
+    return [float(np.mean(acc[max(0, i + 1 - window): i + 1])) for i in range(len(acc))]
+
+
+def final_smoothed(evals: list[dict], window: int = 1) -> float | None:
+    """The run's end point on the smoothed curve: the mean of its last `window` evaluations
+    (grpo's is the target of DESIGN §5)."""
+    return smoothed(evals, window)[-1] if evals else None
+
+
+def target_eval(evals: list[dict], target: float | None, window: int = 1) -> dict | None:
+    """The first evaluation whose smoothed accuracy reaches `target` (None: never)."""
+    if target is None:
+        return None
+    for e, acc in zip(evals, smoothed(evals, window)):
+        if acc >= target - 1e-12:
+            return e
+    return None
+
+
+def time_to_target(evals: list[dict], target: float | None, window: int = 1) -> tuple[float | None, int | None]:
+    """Training seconds and steps at the first evaluation whose smoothed accuracy reaches `target`."""
+    e = target_eval(evals, target, window)
+    return (None, None) if e is None else (float(e["elapsed_s"]), int(e["step"]))
+
+
+def summarize(result: RunResult) -> dict:
     out: dict[str, Any] = {
         "method": result.method, "steps": len(result.records), "final_accuracy": result.final_accuracy,
         "target_accuracy": result.target_accuracy, "time_to_target_s": result.time_to_target_s,
@@ -65,7 +109,7 @@ def summarize(result: "RunResult") -> dict:
     return {k: _clean(v) for k, v in out.items()}
 
 
-def write_run_files(run_dir: str | Path, cfg: "Config", result: "RunResult") -> dict:
+def write_run_files(run_dir: str | Path, cfg: "Config", result: RunResult) -> dict:
     run_dir = Path(run_dir)
     write_text(run_dir / "records.jsonl",
                "".join(json.dumps({k: _clean(v) for k, v in rec.items()}) + "\n" for rec in result.records))

@@ -32,8 +32,9 @@ from .models import load_policy, resolve_device
 from .predictor import load_predictor, save_predictor
 from .predictor_training import fit_predictor
 from .progress import Progress, say
-from .rollout import close_engine, engine_for
-from .trainer import Trainer, final_smoothed, time_to_target
+from .engines import close_engine, engine_for
+from .runfiles import final_smoothed, time_to_target
+from .trainer import Trainer
 from .runfiles import json_safe, read_run
 
 
@@ -140,7 +141,7 @@ def run_warmup(cfg: Config) -> dict:
     engine = engine_for(cfg, model, tok, sleep_mode=False)
     rates = pass_rates(engine, tok, sample, cfg.rollout.group_size, cfg.rollout.temperature,
                        cfg.rollout.max_new_tokens, torch.Generator().manual_seed(0),
-                       chunk=_questions_per_chunk(cfg), io=task_io(cfg))
+                       chunk=_questions_per_chunk(cfg), io=task_io(cfg), progress="warm-up spectrum")
     close_engine(engine)
     spec = spectrum(rates)
     info["spectrum"] = spec
@@ -211,7 +212,7 @@ def label(cfg: Config) -> dict:
         engine = engine_for(cfg, model, tok, seed=cfg.task.seed, sleep_mode=False)
         rates = pass_rates(engine, tok, subset, cfg.rollout.group_size, cfg.rollout.temperature,
                            cfg.rollout.max_new_tokens, torch.Generator().manual_seed(cfg.task.seed),
-                           chunk=_questions_per_chunk(cfg), io=task_io(cfg))
+                           chunk=_questions_per_chunk(cfg), io=task_io(cfg), progress=f"label {name}")
         close_engine(engine)  # one labelling policy's engine at a time
         out["policies"][name] = (1.0 - rates).tolist()
         spec = spectrum(rates)
@@ -240,6 +241,14 @@ def fit(cfg: Config) -> dict:
     say(f"fit-predictor: held-out Pearson {metrics['pearson']:.3f}, MAE {metrics['mae']:.3f} "
         f"({metrics['holdout_questions']} questions, K={metrics['ref_size']})")
     return metrics
+
+
+def run_shared(cfg: Config) -> dict[str, dict]:
+    """The stages every method shares, in pipeline order (prepare, warm-up, embed, label, fit),
+    each one's info by name. `dots all`, the bench and the tests build them through this one
+    chain; dvc.yaml and the Prefect flow list the same stages as DVC stages."""
+    return {"prepare": prepare(cfg), "warmup": run_warmup(cfg), "embed": embed(cfg), "label": label(cfg),
+            "predictor": fit(cfg)}
 
 
 def _check_memory(cfg: Config) -> None:

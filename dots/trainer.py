@@ -29,7 +29,6 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,51 +48,11 @@ from .predictor import DifficultyPredictor
 from .predictor_training import pearson
 from .progress import say
 from .replay import ReplayBuffer
-from .rollout import Group, engine_for
+from .engines import engine_for
+from .rollout import Group
 from .selection import select_questions
-from .runfiles import summarize, write_run_files
-
-
-@dataclass
-class RunResult:
-    method: str
-    records: list[dict]
-    evals: list[dict]
-    final_accuracy: float
-    target_accuracy: float | None = None
-    time_to_target_s: float | None = None
-    steps_to_target: int | None = None
-    summary: dict = field(default_factory=dict)
-    final_smoothed: float | None = None  # mean of the last eval.smooth evaluations
-
-
-def smoothed(evals: list[dict], window: int = 1) -> list[float]:
-    """Trailing mean of the last `window` evaluations' accuracy at each evaluation (fewer at the
-    start): one noisy evaluation can neither set the target nor reach it."""
-    acc = [float(e["accuracy"]) for e in evals]
-    return [float(np.mean(acc[max(0, i + 1 - window): i + 1])) for i in range(len(acc))]
-
-
-def final_smoothed(evals: list[dict], window: int = 1) -> float | None:
-    """The run's end point on the smoothed curve: the mean of its last `window` evaluations
-    (grpo's is the target of DESIGN §5)."""
-    return smoothed(evals, window)[-1] if evals else None
-
-
-def target_eval(evals: list[dict], target: float | None, window: int = 1) -> dict | None:
-    """The first evaluation whose smoothed accuracy reaches `target` (None: never)."""
-    if target is None:
-        return None
-    for e, acc in zip(evals, smoothed(evals, window)):
-        if acc >= target - 1e-12:
-            return e
-    return None
-
-
-def time_to_target(evals: list[dict], target: float | None, window: int = 1) -> tuple[float | None, int | None]:
-    """Training seconds and steps at the first evaluation whose smoothed accuracy reaches `target`."""
-    e = target_eval(evals, target, window)
-    return (None, None) if e is None else (float(e["elapsed_s"]), int(e["step"]))
+from .runfiles import (RunResult, final_smoothed, smoothed, summarize, target_eval,  # noqa: F401
+                       time_to_target, write_run_files)  # (re-exported)
 
 
 class Trainer:

@@ -90,8 +90,7 @@ def tiny_pipeline(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny_pipeline") / "artifacts"
     cfg = tiny_config(root)
     start = time.perf_counter()
-    for stage in (stages.prepare, stages.run_warmup, stages.embed, stages.label, stages.fit):
-        stage(cfg)
+    stages.run_shared(cfg)
     print(f"\ntiny_pipeline built in {time.perf_counter() - start:.1f}s")
     torch.set_num_threads(2)
     return cfg

@@ -63,7 +63,7 @@ def test_n_head_must_divide_n_embd():
 
 
 def test_label_policy_must_name_a_checkpoint():
-    _refused(["warmup.checkpoints=[400]", "label.policies=[step400, step800]"], "label.policies", "step800")
+    _refused(["warmup.checkpoints=[200]", "label.policies=[step200, step800]"], "label.policies", "step800")
 
 
 def test_checkpoint_beyond_warmup_refused():
@@ -153,7 +153,7 @@ def test_choosing_vllm_without_the_gpu_extra_is_a_clear_error():
     import importlib.util
 
     from dots.models import build_model, build_tokenizer
-    from dots.rollout import make_engine
+    from dots.engines import make_engine
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")

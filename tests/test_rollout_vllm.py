@@ -99,7 +99,7 @@ PROMPTS = [[1, 4, 5, 13], [1, 6, 13], [1, 7, 8, 9, 13]]
 
 
 def test_engine_for_passes_dtype_seed_and_logprob_source(vllm_engine, policy):
-    from dots.rollout import engine_for
+    from dots.engines import engine_for
 
     model, tok = policy
     cfg = load_config(None, ["rollout.engine=vllm", "model.dtype=float16", "rollout.behaviour_logprobs=vllm",

@@ -1,0 +1,36 @@
+"""The modules form layers: no import cycles (lazy imports count), no dead helpers, and the
+config's defaults are the embedded default that params.yaml ships."""
+
+from __future__ import annotations
+
+import yaml
+
+from dots.config import Config, load_config
+
+from .import_graph import ROOT, cycles, graph
+
+
+def test_the_import_graph_is_read_from_the_source():
+    g = graph()
+    assert "rollout" in g["trainer"] and "config" in g["data"]  # a module-level import
+    assert "rollout_vllm" in g["engines"]  # an import inside a function counts too
+
+
+def test_dots_modules_have_no_import_cycle():
+    assert cycles() == [], f"import cycles among dots modules: {cycles()}"
+
+
+def test_rollout_engine_layers():
+    """HF rollouts and Group sit below the loss; only dots.engines knows vLLM's engine."""
+    g = graph()
+    assert "rollout_vllm" not in g["rollout"]
+    assert {m for m, deps in g.items() if "rollout_vllm" in deps} == {"engines"}
+
+
+def test_config_defaults_are_the_shipped_params():
+    """A Config built in code (tests, notebooks) is the run `make run` does, key for key."""
+    shipped = load_config(ROOT / "params.yaml").model_dump()
+    defaults = Config().model_dump()
+    differ = {k for k in shipped if shipped[k] != defaults[k]}
+    assert not differ, f"Config defaults differ from params.yaml in sections {sorted(differ)}"
+    assert yaml.safe_load((ROOT / "params.yaml").read_text())["train"]["lr"] == Config().train.lr
