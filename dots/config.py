@@ -69,6 +69,10 @@ class DatasetSpec(BaseModel):
                                                     "refused (they would be truncated by the prompt budget)")
     split: str = Field("train", min_length=1, description="split to load (datasets format only)")
     limit: int | None = Field(None, ge=1, description="keep only the first `limit` rows (quick runs)")
+    unparseable: Literal["refuse", "drop"] = Field(
+        "refuse", description="a ground truth the reward cannot read (a 'nan'/'None'/'null'-like string, or "
+                              "LaTeX the reward's parser cannot parse): 'refuse' the file, listing the rows; "
+                              "'drop' those rows, reporting how many and their ids")
 
     @property
     def resolved_format(self) -> "DatasetFormat":

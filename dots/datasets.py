@@ -20,6 +20,18 @@ with the total), each naming the file, the 0-based row, the id when known and th
 
 Values are never coerced: a number where a string is expected is an error rather than a silent
 ``str(42)``, because it usually means the column mapping points at the wrong column.
+
+Ground truths the reward cannot read
+------------------------------------
+A ground truth can be a valid string and still never be rewarded: a literal ``nan``/``None``/``null``
+left by a careless export, or LaTeX that math-verify cannot parse (7 of DeepScaleR's 10,240, e.g.
+``7\\sqrt{2}.``: only a verbatim copy of the text would ever score). Such a question is always
+"unsolved", so it pollutes labels and selection. Null-like strings are refused always; given the
+configured ``reward`` (:func:`load_pool`), every ground truth is also parsed as that reward parses it
+(:func:`dots.rewards.unreadable_answers`: the math-verify worker pool, batched, each answer bounded
+by the reward's timeout). The spec's ``unparseable`` decides what happens to those rows: ``refuse``
+(the default) lists them in the error like any other bad row; ``drop`` drops them, prints how many and
+their ids, and hands them back in the ``dropped`` list.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -35,8 +48,12 @@ from pydantic import ValidationError
 
 from .config import DatasetFormat as Format, DatasetSpec  # noqa: F401  (re-exported)
 from .data import Question, pool_hash
+from .progress import say
+from .rewards import DEFAULT_TIMEOUT_S, unreadable_answers
 
 MAX_REPORTED = 20
+# Strings an export writes for a missing value (pandas, numpy, JSON, SQL, R): never a real ground truth.
+NULL_LIKE = frozenset({"nan", "-nan", "+nan", "none", "null", "nil", "na", "n/a", "<na>", "nat", "undefined"})
 _Problems = list[tuple[int, str]]  # (line or row, message), sorted into file order before reporting
 _Read = tuple[dict[str, list], _Problems]  # {dotted column: values}, problems found while reading
 _MISSING = object()
@@ -254,13 +271,28 @@ def _check_id(value: Any) -> str | None:
     return None
 
 
-def _validate(spec: DatasetSpec, values: dict[str, list], problems: _Problems, name: str) -> list[Question]:
+def _null_like(answer: str) -> str | None:
+    """Why a ground-truth string is a stand-in for a missing value, or None."""
+    if answer.strip().lower() in NULL_LIKE:
+        return "a null placeholder, not an answer"
+    return None
+
+
+def _shown(text: str, width: int = 60) -> str:
+    text = " ".join(text.split())
+    return "'" + (text if len(text) <= width else text[: width - 1] + "…") + "'"
+
+
+def _validate(spec: DatasetSpec, values: dict[str, list], problems: _Problems,
+              name: str) -> tuple[list[Question], list[tuple[int, str, int]]]:
+    """(the valid rows' questions, and for each its (sort key, row label, row number))."""
     lines = values.get("__line__")
     n = len(values[spec.question])
     row_numbers = values.get("__row__", range(n))
     ids = values[spec.id] if spec.id is not None else list(row_numbers)
     first_row: dict[int, int] = {}
     out: list[Question] = []
+    places: list[tuple[int, str, int]] = []
     for k, row in enumerate(row_numbers):
         raw_id = ids[k]
         id_problem = _check_id(raw_id) if spec.id is not None else None
@@ -293,14 +325,38 @@ def _validate(spec: DatasetSpec, values: dict[str, list], problems: _Problems, n
             bad = True
         if not bad:
             out.append(Question(int(raw_id), question, answer))
-    return out
+            places.append((key, label, row))
+    return out, places
 
 
-def load_pool(spec: DatasetSpec | dict[str, Any] | str | os.PathLike) -> list[Question]:
+def _unreadable(questions: list[Question], reward: str | None, timeout_s: float, name: str) -> dict[int, str]:
+    """{index into questions: why its ground truth cannot be read}: null-like strings always, and what
+    the reward's own parser cannot read when `reward` is given."""
+    bad = {k: why for k, q in enumerate(questions) if (why := _null_like(q.answer))}
+    if reward is None:
+        return bad
+    rest = [k for k in range(len(questions)) if k not in bad]
+    answers = [questions[k].answer for k in rest]
+    start = time.perf_counter()
+    found = unreadable_answers(reward, answers, timeout_s)
+    if reward != "exact_match":
+        say(f"{name}: {len(answers)} ground truths ({len(set(answers))} distinct) checked with the {reward} "
+            f"parser in {time.perf_counter() - start:.1f}s; {sum(w is not None for w in found)} unreadable")
+    bad.update((k, why) for k, why in zip(rest, found) if why is not None)
+    return dict(sorted(bad.items()))
+
+
+def load_pool(spec: DatasetSpec | dict[str, Any] | str | os.PathLike, *, reward: str | None = None,
+              timeout_s: float = DEFAULT_TIMEOUT_S, dropped: list[dict] | None = None) -> list[Question]:
     """Read and validate every row of a dataset; return its questions in file order.
 
     `spec` may be a :class:`DatasetSpec`, a dict of its fields, or just a path (default verl
     mapping). Raises :class:`DatasetError` naming file, row and column for any bad row.
+
+    `reward` (a :data:`dots.rewards.REWARDS` name) also checks every ground truth with that reward's
+    parser, each bounded by `timeout_s`; a null-like ground truth (``nan``, ``None``, ``null``, ...) is
+    checked in any case. Such rows are refused, or with ``spec.unparseable == "drop"`` left out and,
+    when `dropped` is given, appended to it as ``{"row", "id", "answer", "why"}``.
     """
     if isinstance(spec, (str, os.PathLike)):
         spec = {"path": os.fspath(spec)}
@@ -315,15 +371,34 @@ def load_pool(spec: DatasetSpec | dict[str, Any] | str | os.PathLike) -> list[Qu
     columns = list(dict.fromkeys(c for c in (spec.question, spec.answer, spec.id) if c is not None))
     reader = {"parquet": _read_parquet, "jsonl": _read_jsonl, "datasets": _read_datasets}[fmt]
     values, problems = reader(spec, columns, name)
-    questions = _validate(spec, values, problems, name)
+    questions, places = _validate(spec, values, problems, name)
+    # Rows already refused are reported first: a column mapping that points at the wrong column
+    # (long solutions instead of answers) would otherwise spend minutes in the parser.
+    unreadable = _unreadable(questions, None if problems else reward, timeout_s, name)
+    refuse = spec.unparseable == "refuse"
+    if refuse:
+        problems += [(places[k][0], f"{places[k][1]}, column {spec.answer}: {_shown(questions[k].answer)}: {why}")
+                     for k, why in unreadable.items()]
     if problems:
         problems.sort(key=lambda p: p[0])  # file order, whichever check found them
         shown = [message for _, message in problems[:MAX_REPORTED]]
         more = f" (first {MAX_REPORTED} shown)" if len(problems) > MAX_REPORTED else ""
+        hint = ("\n(unparseable: drop in the dataset spec, e.g. -S task.dataset.unparseable=drop, drops rows "
+                "whose ground truth the reward cannot read, and reports them)" if refuse and unreadable else "")
         raise DatasetError(f"{spec.path}: {len(problems)} problem{'s' if len(problems) != 1 else ''}"
-                           f"{more}:\n  " + "\n  ".join(shown))
+                           f"{more}:\n  " + "\n  ".join(shown) + hint)
+    if unreadable:
+        gone = [{"row": places[k][2], "id": questions[k].id, "answer": questions[k].answer, "why": why}
+                for k, why in unreadable.items()]
+        ids = ", ".join(str(g["id"]) for g in gone[:MAX_REPORTED]) + (", ..." if len(gone) > MAX_REPORTED else "")
+        what = f"the {reward} reward cannot read" if reward else "is a null placeholder"
+        say(f"{name}: dropped {len(gone)} row{'s' if len(gone) != 1 else ''} whose ground truth {what} "
+            f"(unparseable: drop); ids {ids}")
+        if dropped is not None:
+            dropped.extend(gone)
+        questions = [q for k, q in enumerate(questions) if k not in unreadable]
     if not questions:
-        raise DatasetError(f"{spec.path}: no rows")
+        raise DatasetError(f"{spec.path}: no rows" + (" left after dropping the unreadable ones" if unreadable else ""))
     return questions
 
 

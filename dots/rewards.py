@@ -48,7 +48,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
@@ -145,16 +145,18 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     latex_only = [LatexExtractionConfig()]
     # Boxed answers first (the prompt asks for \boxed{}), then any other LaTeX, then plain expressions.
     pred_config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
-    gold_cache: dict[str, list] = {}  # a question's G responses share one gold parse
+    gold_cache: dict[str, tuple[list, bool]] = {}  # a question's G responses share one gold parse
 
-    def parse_gold(answer: str) -> list:
+    def parse_gold(answer: str) -> tuple[list, bool]:
+        """(what a response is verified against, whether math-verify made a sympy object of it)."""
         if answer in gold_cache:
             return gold_cache[answer]
         gold: list = []
+        parsed_ok = False
         for candidate in _gold_candidates(answer):
             parsed = parse(candidate, extraction_config=latex_only, parsing_timeout=None)
             if parsed and isinstance(parsed[0], (Basic, MatrixBase)):
-                gold = list(parsed)
+                gold, parsed_ok = list(parsed), True
                 break
             gold = gold or list(parsed)
         for verbatim in (answer.strip(), latex_answer(answer)):
@@ -162,8 +164,18 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
                 gold.append(verbatim)  # exact textual matches always count
         if len(gold_cache) > 4096:
             gold_cache.clear()
-        gold_cache[answer] = gold
-        return gold
+        gold_cache[answer] = (gold, parsed_ok)
+        return gold, parsed_ok
+
+    def score_one(item: list) -> dict:
+        text, answer = item
+        gold, _ = parse_gold(answer)
+        text = text.replace("\\%", "").replace("%", "")  # see latex_answer
+        pred = parse(text, extraction_config=pred_config, parsing_timeout=None)
+        return {"score": 1.0 if pred and verify(gold, pred, timeout_seconds=None) else 0.0}
+
+    def check_gold(answer: str) -> dict:
+        return {"parsed": parse_gold(answer)[1]}
 
     try:
         results.send_bytes(b'{"ready": true}')
@@ -174,26 +186,27 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             job = json.loads(requests.recv_bytes())
         except (EOFError, OSError):
             return
-        status, score = "ok", 0.0
-        try:
-            signal.setitimer(signal.ITIMER_REAL, max(float(job["timeout"]), 1e-3))
+        # One request carries a list of items; one reply goes back per item, as soon as it is done,
+        # so the parent's deadline is per item however long the list.
+        work = check_gold if job.get("op") == "gold" else score_one
+        for item in job["items"]:
+            status, out = "ok", {}
             try:
-                gold = parse_gold(job["answer"])
-                text = job["text"].replace("\\%", "").replace("%", "")  # see latex_answer
-                pred = parse(text, extraction_config=pred_config, parsing_timeout=None)
-                score = 1.0 if pred and verify(gold, pred, timeout_seconds=None) else 0.0
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        except _Timeout:
-            status = "timeout"
-        except BaseException as exc:  # noqa: BLE001 - any failure scores 0.0
-            status = f"error: {type(exc).__name__}"
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                signal.setitimer(signal.ITIMER_REAL, max(float(job["timeout"]), 1e-3))
+                try:
+                    out = work(item)
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            except _Timeout:
+                status = "timeout"
+            except BaseException as exc:  # noqa: BLE001 - any failure scores 0.0 / reads as unparsed
+                status = f"error: {type(exc).__name__}"
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    return
+            try:
+                results.send_bytes(json.dumps({**out, "status": status}).encode())
+            except (BrokenPipeError, OSError):
                 return
-        try:
-            results.send_bytes(json.dumps({"score": score, "status": status}).encode())
-        except (BrokenPipeError, OSError):
-            return
 
 
 class _Worker:
@@ -218,7 +231,7 @@ class _Worker:
         self.results = Connection(res_r, writable=False)
         self.ready = False
         self.started = time.monotonic()
-        self.job: int | None = None  # index of the answer being scored
+        self.job: list[int] | None = None  # indices of the items sent and not yet answered, in order
         self.deadline = math.inf
 
     def kill(self) -> None:
@@ -300,43 +313,92 @@ class MathVerifyPool:
         """Scores in {0.0, 1.0}, one per (text, answer); each bounded by ~timeout_s of work."""
         if len(texts) != len(answers):
             raise ValueError(f"math_verify_rewards: {len(texts)} texts but {len(answers)} answers")
-        timeout_s = float(timeout_s)
-        if not timeout_s > 0:
-            raise ValueError(f"math_verify_rewards: timeout_s must be > 0; got {timeout_s}")
+        timeout_s = _positive_timeout(timeout_s, "math_verify_rewards")
         scores = [0.0] * len(texts)
-        pending = [i for i, (t, a) in enumerate(zip(texts, answers))
-                   if isinstance(t, str) and isinstance(a, str) and t.strip() and a.strip()]
-        pending.reverse()  # pop() from the end hands out answers in order
+        todo = [i for i, (t, a) in enumerate(zip(texts, answers))
+                if isinstance(t, str) and isinstance(a, str) and t.strip() and a.strip()]
+
+        def done(i: int, msg: dict | None, outcome: str) -> None:
+            if msg is None:  # died mid-answer (crash, OOM kill) or killed past its deadline
+                self.stats["error" if outcome == "died" else "killed"] += 1
+                return
+            scores[i] = float(msg.get("score", 0.0))
+            status = str(msg.get("status", "error"))
+            self.stats[status if status in ("ok", "timeout") else "error"] += 1
+
+        # one answer per request: a step's answers are few and uneven in cost, so they spread best singly
+        self._dispatch("score", [[texts[i], answers[i]] for i in range(len(texts))], todo, timeout_s, 1, done)
+        return scores
+
+    def check_answers(self, answers: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> list[str | None]:
+        """For each ground truth, None when math-verify parses it into a mathematical object, else
+        why not ("unparsed", "timeout", "error: ..."). Each distinct answer is parsed once, in batches
+        of many answers per request (one reply per answer, so the deadline stays per answer)."""
+        timeout_s = _positive_timeout(timeout_s, "math_verify check_answers")
+        distinct = list(dict.fromkeys(a for a in answers if isinstance(a, str)))
+        status: list[str | None] = ["unparsed"] * len(distinct)
+
+        def done(i: int, msg: dict | None, outcome: str) -> None:
+            if msg is None:
+                status[i] = "timeout" if outcome == "killed" else "error: the worker died"
+            elif msg.get("status") != "ok":
+                status[i] = str(msg.get("status"))
+            else:
+                status[i] = None if msg.get("parsed") else "unparsed"
+
+        chunk = max(1, min(256, math.ceil(len(distinct) / (4 * self.size))))
+        self._dispatch("gold", distinct, list(range(len(distinct))), timeout_s, chunk, done)
+        by_answer = dict(zip(distinct, status))
+        return [by_answer[a] if isinstance(a, str) else "not a string" for a in answers]
+
+    def _dispatch(self, op: str, items: list, todo: list[int], timeout_s: float, chunk: int,
+                  done: Callable[[int, dict | None, str], None]) -> None:
+        """Send ``items[i]`` for i in ``todo`` to the workers, ``chunk`` per request, and call
+        ``done(i, reply, outcome)`` once per item: outcome "ok" with the worker's reply, or reply None
+        and outcome "killed" (no answer by ``timeout_s`` + grace) or "died" (the worker exited)."""
+        queue = [todo[k:k + chunk] for k in range(0, len(todo), chunk)]
+        queue.reverse()  # pop() from the end hands out work in order
         with self._lock:
             if os.getpid() != self._pid:
                 raise RuntimeError("MathVerifyPool: used in a forked child; create a new pool there")
             self._ensure_started()
             try:
-                self._run(texts, answers, timeout_s, pending, scores)
+                self._run(op, items, timeout_s, queue, done)
             except BaseException:
-                # Interrupted (Ctrl-C) or startup failure: a busy worker would later answer for a
-                # question it no longer owns, so restart those before anyone reuses the pool.
+                # Interrupted (Ctrl-C) or startup failure: a busy worker would later answer for an
+                # item it no longer owns, so restart those before anyone reuses the pool.
                 for w in list(self._workers):
                     if w.job is not None:
                         self._replace(w)
                 raise
-        return scores
 
-    def _run(self, texts, answers, timeout_s: float, pending: list[int], scores: list[float]) -> None:
+    def _run(self, op: str, items: list, timeout_s: float, queue: list[list[int]], done) -> None:
         busy = 0
-        while pending or busy:
+
+        def give_up(w: _Worker, outcome: str) -> None:
+            """The worker's current item fails; the rest of its request goes back to the queue."""
+            nonlocal busy
+            busy -= 1
+            first, rest = w.job[0], w.job[1:]
+            w.job = None
+            if rest:
+                queue.append(rest)
+            self._replace(w)
+            done(first, None, outcome)
+
+        while queue or busy:
             now = time.monotonic()
             for w in list(self._workers):  # hand out work to idle, ready workers
-                if pending and w.ready and w.job is None:
-                    i = pending.pop()
+                if queue and w.ready and w.job is None:
+                    job = queue.pop()
                     try:
                         w.requests.send_bytes(json.dumps(
-                            {"text": texts[i], "answer": answers[i], "timeout": timeout_s}).encode())
+                            {"op": op, "items": [items[i] for i in job], "timeout": timeout_s}).encode())
                     except (BrokenPipeError, OSError):
-                        pending.append(i)  # the worker died while idle: not this answer's fault
+                        queue.append(job)  # the worker died while idle: not this item's fault
                         self._replace(w)
                         continue
-                    w.job, w.deadline = i, now + timeout_s + GRACE_S
+                    w.job, w.deadline = list(job), now + timeout_s + GRACE_S
                     busy += 1
             deadlines = [w.deadline for w in self._workers if w.job is not None]
             deadlines += [w.started + STARTUP_TIMEOUT_S for w in self._workers if not w.ready]
@@ -356,24 +418,27 @@ class MathVerifyPool:
                     elif w.job is None:
                         if msg is None:  # died while idle: replace it
                             self._replace(w)
-                    elif msg is None:  # died mid-answer (crash, OOM kill): score 0, replace
-                        busy -= 1
-                        self.stats["error"] += 1
-                        w.job = None
-                        self._replace(w)
+                    elif msg is None:  # died mid-item (crash, OOM kill): that item fails, replace
+                        give_up(w, "died")
                     else:
-                        busy -= 1
-                        scores[w.job] = float(msg.get("score", 0.0))
-                        status = str(msg.get("status", "error"))
-                        self.stats[status if status in ("ok", "timeout") else "error"] += 1
-                        w.job, w.deadline = None, math.inf
+                        i = w.job.pop(0)
+                        if w.job:
+                            w.deadline = now + timeout_s + GRACE_S  # the clock restarts for the next item
+                        else:
+                            busy -= 1
+                            w.job, w.deadline = None, math.inf
+                        done(i, msg, "ok")
                 elif w.job is not None and now >= w.deadline:
-                    busy -= 1  # stuck where its own alarm cannot reach (C code): kill, score 0
-                    self.stats["killed"] += 1
-                    w.job = None
-                    self._replace(w)
+                    give_up(w, "killed")  # stuck where its own alarm cannot reach (C code)
                 elif not w.ready and now >= w.started + STARTUP_TIMEOUT_S:
                     self._startup_failed(f"not ready after {STARTUP_TIMEOUT_S:.0f}s")
+
+
+def _positive_timeout(timeout_s: float, who: str) -> float:
+    timeout_s = float(timeout_s)
+    if not timeout_s > 0:
+        raise ValueError(f"{who}: timeout_s must be > 0; got {timeout_s}")
+    return timeout_s
 
 
 _POOL: MathVerifyPool | None = None
@@ -423,3 +488,28 @@ def get_reward(name: str):
             raise RewardUnavailable("reward math_verify: the math-verify package is not installed; "
                                     "install it with: pip install 'math-verify>=0.8'")
     return fn
+
+
+def unreadable_answers(reward: str, answers: Sequence[str],
+                       timeout_s: float = DEFAULT_TIMEOUT_S) -> list[str | None]:
+    """Why the reward called `reward` cannot read each ground truth, or None where it can.
+
+    - ``math_verify``: the ground truth is parsed exactly as scoring parses it (same candidates, same
+      worker pool, each answer bounded by ``timeout_s``), all distinct answers in a few batched
+      requests. One that does not become a mathematical object is only ever matched by a verbatim
+      copy of its text, so an equivalent answer in any other form scores 0.
+    - ``exact_match``: whitespace is stripped from every response before the comparison, so a ground
+      truth holding whitespace can never be matched.
+    """
+    get_reward(reward)  # an unknown name, or math_verify without its package: a clear error now
+    if reward == "exact_match":
+        return [None if "".join(a.split()) == a else "holds whitespace, which exact_match strips from every "
+                "response, so no response can ever match it" for a in answers]
+    why = {"unparsed": "math-verify cannot parse it (as \\boxed{} or $...$), so only a verbatim copy of "
+                       "the text would ever be rewarded",
+           "timeout": f"math-verify did not parse it within reward.timeout_s={timeout_s:g}s, so every "
+                      "response to it would time out"}
+    out = []
+    for status in _pool().check_answers(answers, timeout_s):
+        out.append(None if status is None else why.get(status, f"math-verify failed on it ({status})"))
+    return out

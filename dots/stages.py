@@ -86,11 +86,13 @@ def _write_json(path: Path, obj) -> None:
     write_text(path, json.dumps(json_safe(obj), indent=1))
 
 
-def split_dataset(cfg: Config) -> tuple[list[Question], list[Question]]:
-    """A dataset's rows, validated, split by the task seed into pool and held-out set."""
+def split_dataset(cfg: Config, dropped: list[dict] | None = None) -> tuple[list[Question], list[Question]]:
+    """A dataset's rows, validated (ground truths with the configured reward's parser), split by the
+    task seed into pool and held-out set; rows dropped under task.dataset.unparseable=drop are
+    appended to `dropped`."""
     from .datasets import load_pool  # noqa: PLC0415
 
-    rows = load_pool(cfg.task.dataset)
+    rows = load_pool(cfg.task.dataset, reward=cfg.reward.name, timeout_s=cfg.reward.timeout_s, dropped=dropped)
     if cfg.task.eval_size >= len(rows):
         raise ValueError(f"task.eval_size: must be < the dataset's {len(rows)} rows; got {cfg.task.eval_size}")
     order = np.random.default_rng(cfg.task.seed).permutation(len(rows))
@@ -100,7 +102,8 @@ def split_dataset(cfg: Config) -> tuple[list[Question], list[Question]]:
 
 
 def prepare(cfg: Config) -> dict:
-    pool, held = split_dataset(cfg) if cfg.task.source == "dataset" else generate(cfg.task)
+    dropped: list[dict] = []
+    pool, held = split_dataset(cfg, dropped) if cfg.task.source == "dataset" else generate(cfg.task)
     if len(pool) < max(cfg.selection.ref_size, cfg.train.batch_size, cfg.label.num_questions):
         raise ValueError(f"task: the pool has {len(pool)} questions, fewer than selection.ref_size, "
                          "train.batch_size or label.num_questions ask for")
@@ -109,7 +112,10 @@ def prepare(cfg: Config) -> dict:
     save_questions(held, p.eval)
     kind = f"{len(cfg.task.tiers)} tiers" if cfg.task.source == "synthetic" else f"from {cfg.task.dataset['path']}"
     say(f"prepare: {len(pool)} pool questions, {len(held)} held-out, {kind} -> {p.pool.parent}")
-    return {"pool": len(pool), "eval": len(held)}
+    info = {"pool": len(pool), "eval": len(held)}
+    if dropped:  # task.dataset.unparseable=drop: rows whose ground truth the reward cannot read
+        info["dropped"] = {"rows": len(dropped), "ids": [d["id"] for d in dropped]}
+    return info
 
 
 def load_data(cfg: Config) -> tuple[list[Question], list[Question]]:

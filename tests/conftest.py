@@ -31,6 +31,22 @@ TIERS = ("[{operands: 2, digits: 1, weight: 4}, {operands: 2, digits: 2, weight:
          "{operands: 2, digits: 3}, {operands: 3, digits: 2}]")
 
 
+SHARED_DATA = REPO.parent / "shared" / "data"  # real data beside the repository (DeepScaleR)
+
+
+def require_shared(path: str | Path) -> Path:
+    """`path` (a file under ../shared/data), for a test that needs it. Missing, the test is skipped
+    on a developer's machine but fails in CI (CI=true), where a silent skip would hide that the
+    real-data checks never ran."""
+    path = Path(path)
+    if not path.exists():
+        if os.environ.get("CI", "").strip().lower() == "true":
+            pytest.fail(f"{path} is missing and CI=true: the real-data tests must run in CI "
+                        f"(provide ../shared/data)", pytrace=False)
+        pytest.skip(f"{path} not present")
+    return path
+
+
 def tiny_overrides(root: str | Path) -> list[str]:
     """`-S`-style overrides of a small but real configuration writing under `root`."""
     return [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -14,13 +15,14 @@ import pytest
 from dots.data import Question
 from dots.datasets import DatasetError, DatasetSpec, dataset_version, load_pool
 
-DEEPSCALER = Path(__file__).resolve().parents[2] / "shared" / "data" / "deepscaler.parquet"
+from .conftest import SHARED_DATA, require_shared
+
+DEEPSCALER = SHARED_DATA / "deepscaler.parquet"
 
 
 @pytest.fixture(scope="module")
 def deepscaler() -> list[Question]:
-    if not DEEPSCALER.exists():
-        pytest.skip(f"{DEEPSCALER} not present")
+    require_shared(DEEPSCALER)
     start = time.perf_counter()
     pool = load_pool(DatasetSpec(path=str(DEEPSCALER)))
     print(f"\nloaded {len(pool)} deepscaler rows in {time.perf_counter() - start:.2f}s")
@@ -30,8 +32,7 @@ def deepscaler() -> list[Question]:
 @pytest.fixture(scope="module")
 def rows() -> list[dict]:
     """The first 200 deepscaler rows as plain dicts (verl layout)."""
-    if not DEEPSCALER.exists():
-        pytest.skip(f"{DEEPSCALER} not present")
+    require_shared(DEEPSCALER)
     import pyarrow.parquet as pq
 
     return pq.read_table(DEEPSCALER).slice(0, 200).to_pylist()
@@ -125,6 +126,8 @@ BAD_ROWS = [
     ("too long", {Q: "x" * 20001}, f"column {Q}: 20001 characters, more than max_chars=20000"),
     ("non-integer id", {ID: "17"}, f"column {ID}: expected an integer id"),
     ("missing id", {ID: ...}, f"column {ID}: missing"),
+    ("'nan' string", {GT: "nan"}, f"column {GT}: 'nan': a null placeholder, not an answer"),
+    ("'None' string", {GT: " None "}, f"column {GT}: 'None': a null placeholder, not an answer"),
 ]
 
 
@@ -145,6 +148,8 @@ PARQUET_BAD = [
     # parquet columns are typed: the wrong type / NaN cases make the whole column numeric
     ("wrong type", "reward_model.ground_truth", 42, "expected a string, got int 42"),
     ("NaN", "reward_model.ground_truth", math.nan, "NaN"),
+    # a corrupted copy: the value survived an export as the string "nan"
+    ("'nan' string", "reward_model.ground_truth", "nan", "'nan': a null placeholder, not an answer"),
 ]
 
 
@@ -199,9 +204,7 @@ def test_non_utf8_and_invalid_json_lines(rows, tmp_path):
 
 
 def test_truncated_parquet_is_a_clear_error(tmp_path):
-    if not DEEPSCALER.exists():
-        pytest.skip(f"{DEEPSCALER} not present")
-    data = DEEPSCALER.read_bytes()
+    data = require_shared(DEEPSCALER).read_bytes()
     path = tmp_path / "truncated.parquet"
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(DatasetError, match="truncated.parquet: not a readable parquet file"):
@@ -233,3 +236,118 @@ def test_dataset_version_tracks_content(deepscaler):
     changed[123] = replace(changed[123], answer=changed[123].answer + "0")
     assert dataset_version(changed) != version
     assert dataset_version(deepscaler[:-1]) != version
+
+
+# ---- ground truths the reward cannot read ----------------------------------------------------------
+
+UNPARSEABLE = {2: "7\\sqrt{2}.", 4: "-446.\\overline{2}"}  # two of DeepScaleR's own (rows 6784 and 3574)
+
+
+def _answers_file(tmp_path: Path, answers: list[str]) -> dict:
+    rows = [{"qid": 100 + i, "q": f"question {i}?", "a": a} for i, a in enumerate(answers)]
+    path = write_jsonl(tmp_path / "answers.jsonl", rows)
+    return {"path": str(path), "question": "q", "answer": "a", "id": "qid"}
+
+
+@pytest.mark.parametrize("null", ["nan", "NaN", "-nan", "None", "null", " NULL ", "n/a", "<NA>", "undefined"])
+def test_null_like_ground_truths_are_refused_whatever_the_reward(tmp_path, null):
+    spec = _answers_file(tmp_path, ["1", "2", "3", null, "5"])
+    for reward in (None, "exact_match"):
+        with pytest.raises(DatasetError) as err:
+            load_pool(spec, reward=reward)
+        text = str(err.value)
+        assert "1 problem:" in text, text
+        assert f"answers.jsonl row 3 (id 103, line 4), column a: '{null.strip()}': a null placeholder" in text, text
+        assert "unparseable: drop" in text  # the error names the way out
+    assert [q.id for q in load_pool(_answers_file(tmp_path, ["1", "none of them", "nano"]))] == [100, 101, 102]
+
+
+def test_unparseable_latex_ground_truth_is_refused_with_its_row_named(tmp_path):
+    answers = ["1", "\\frac{1}{2}", UNPARSEABLE[2], "x^2+1", UNPARSEABLE[4], "\\sqrt{2}"]
+    spec = _answers_file(tmp_path, answers)
+    assert len(load_pool(spec)) == 6  # without a reward only the text itself is checked
+    with pytest.raises(DatasetError) as err:
+        load_pool(spec, reward="math_verify")
+    text = str(err.value)
+    assert text.startswith(f"{spec['path']}: 2 problems:"), text
+    for row, answer in UNPARSEABLE.items():
+        assert (f"answers.jsonl row {row} (id {100 + row}, line {row + 1}), column a: '{answer}': "
+                f"math-verify cannot parse it") in text, text
+    assert "row 0 " not in text and "row 1 " not in text and "row 3 " not in text and "row 5 " not in text
+
+
+def test_drop_mode_drops_exactly_the_unreadable_rows_and_reports_them(tmp_path, capsys):
+    answers = ["1", "\\frac{1}{2}", UNPARSEABLE[2], "nan", UNPARSEABLE[4], "\\sqrt{2}"]
+    spec = {**_answers_file(tmp_path, answers), "unparseable": "drop"}
+    dropped: list[dict] = []
+    got = load_pool(spec, reward="math_verify", dropped=dropped)
+    assert [q.id for q in got] == [100, 101, 105]
+    assert [q.answer for q in got] == ["1", "\\frac{1}{2}", "\\sqrt{2}"]
+    assert [(d["row"], d["id"], d["answer"]) for d in dropped] == [
+        (2, 102, UNPARSEABLE[2]), (3, 103, "nan"), (4, 104, UNPARSEABLE[4])]
+    assert "math-verify cannot parse it" in dropped[0]["why"] and "null placeholder" in dropped[1]["why"]
+    out = capsys.readouterr().out
+    assert "answers.jsonl: dropped 3 rows whose ground truth the math_verify reward cannot read" in out, out
+    assert "ids 102, 103, 104" in out, out
+    # other bad rows are still refused in drop mode: dropping is only for unreadable ground truths
+    bad = write_jsonl(tmp_path / "answers.jsonl", [{"qid": 1, "q": "", "a": "nan"}, {"qid": 2, "q": "?", "a": "2"}])
+    with pytest.raises(DatasetError, match="row 0 .*column q: empty string"):
+        load_pool({**spec, "path": str(bad)}, reward="math_verify")
+    # nothing readable left: an error, not an empty pool
+    write_jsonl(tmp_path / "answers.jsonl", [{"qid": 1, "q": "?", "a": "nan"}])
+    with pytest.raises(DatasetError, match="no rows left after dropping"):
+        load_pool(spec, reward="math_verify")
+
+
+def test_exact_match_refuses_a_ground_truth_it_can_never_match(tmp_path):
+    """exact_match strips all whitespace from a response, so an answer holding whitespace never matches."""
+    spec = _answers_file(tmp_path, ["12", "1 2", "3"])
+    assert len(load_pool(spec, reward="math_verify")) == 3  # math-verify reads "1 2" (as 12)
+    with pytest.raises(DatasetError, match="row 1 .*column a: '1 2': holds whitespace"):
+        load_pool(spec, reward="exact_match")
+
+
+def test_the_prepare_stage_checks_with_the_configured_reward_and_reports_drops(tmp_path):
+    """dots prepare reads the reward from the config; refuse writes nothing, drop lists the ids in the
+    stage's info. No model is involved: the check runs before any model could load."""
+    from dots import stages
+    from dots.config import load_config
+
+    from .test_cli import SMALL
+
+    answers = [f"\\frac{{{i}}}{{{i + 1}}}" for i in range(200)]
+    answers[7], answers[150] = UNPARSEABLE[2], "null"
+    spec = _answers_file(tmp_path, answers)
+
+    def prepare(mode: str, reward: str = "math_verify"):
+        cfg = load_config(None, SMALL + [f"paths.root={tmp_path / mode / 'artifacts'}", "task.source=dataset",
+                                         f"task.dataset={json.dumps({**spec, 'unparseable': mode})}",
+                                         "task.eval_size=32", f"reward.name={reward}"])
+        return cfg, stages.prepare(cfg)
+
+    with pytest.raises(DatasetError) as err:
+        prepare("refuse")
+    assert "row 7 (id 107, line 8)" in str(err.value) and "row 150 (id 250, line 151)" in str(err.value)
+    assert not (tmp_path / "refuse").exists()  # nothing written
+    cfg, info = prepare("drop")
+    assert info == {"pool": 166, "eval": 32, "dropped": {"rows": 2, "ids": [107, 250]}}
+    pool, held = stages.load_data(cfg)
+    assert {q.id for q in pool + held}.isdisjoint({107, 250}) and len(pool + held) == 198
+
+
+def test_deepscaler_ground_truths_math_verify_cannot_parse(capsys):
+    """The whole DeepScaleR file through the math_verify check: 7 of 10,240 ground truths do not parse
+    (math-verify 0.9), each named; the 3,760 distinct answers parse in a few seconds on two workers."""
+    require_shared(DEEPSCALER)
+    start = time.perf_counter()
+    with pytest.raises(DatasetError) as err:
+        load_pool(DatasetSpec(path=str(DEEPSCALER)), reward="math_verify")
+    elapsed = time.perf_counter() - start
+    text = str(err.value)
+    rows = [int(r) for r in re.findall(r"deepscaler.parquet row (\d+) \(id \1\), column reward_model.ground_truth: "
+                                       r".*math-verify cannot parse it", text)]
+    print(f"\n{len(rows)} unparseable deepscaler ground truths {rows}; load and check took {elapsed:.1f}s")
+    assert text.startswith(f"{DEEPSCALER}: 7 problems:"), text
+    assert rows == [2586, 2736, 3574, 6784, 7235, 9006, 9051], text
+    assert "'7\\sqrt{2}.'" in text and "'3\\mid n'" in text
+    assert "10240 ground truths (3760 distinct) checked with the math_verify parser" in capsys.readouterr().out

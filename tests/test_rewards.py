@@ -27,7 +27,9 @@ from dots.rewards import (
     math_verify_rewards,
 )
 
-DEEPSCALER = Path(__file__).resolve().parents[2] / "shared" / "data" / "deepscaler.parquet"
+from .conftest import SHARED_DATA, require_shared
+
+DEEPSCALER = SHARED_DATA / "deepscaler.parquet"
 
 
 
@@ -60,8 +62,7 @@ def test_equivalent_forms_and_robust_inputs():
 
 
 def _deepscaler_sample():
-    if not DEEPSCALER.exists():
-        pytest.skip(f"{DEEPSCALER} not present")
+    require_shared(DEEPSCALER)
     from dots.datasets import load_pool
 
     pool = load_pool(str(DEEPSCALER))
@@ -148,6 +149,42 @@ def test_worker_stuck_beyond_its_alarm_is_killed_and_replaced():
         assert pool.score(["\\boxed{6}"], ["6"]) == [1.0]
     finally:
         pool.close()
+
+
+def test_ground_truth_check_is_batched_and_a_stuck_worker_costs_one_answer():
+    """check_answers sends many answers per request and gets one reply per answer: a worker stuck on
+    one (stopped here) is killed after timeout + grace, that answer reads as a timeout, and the rest of
+    its request is re-sent to the replacement."""
+    pool = MathVerifyPool(workers=1)
+    try:
+        answers = ["1", "\\frac{1}{2}", "7\\sqrt{2}.", "x^2", "1", "\\{x \\mid 2 < x < 3\\}", "3", "4"]
+        assert pool.check_answers(answers) == [None, None, "unparsed", None, None, "unparsed", None, None]
+        requests = []
+        send = pool._workers[0].requests.send_bytes
+        pool._workers[0].requests.send_bytes = lambda b: (requests.append(b), send(b))[1]
+        pool.check_answers([f"{k}" for k in range(100, 120)])
+        assert 1 < len(requests) < 20  # batched: fewer requests than answers
+        os.kill(pool._workers[0].proc.pid, signal.SIGSTOP)
+        start = time.perf_counter()
+        got = pool.check_answers(["5", "6", "\\frac{7}{8}", "9^{", "10", "11", "12", "13"], timeout_s=1.0)
+        elapsed = time.perf_counter() - start
+        assert got == ["timeout", None, None, "unparsed", None, None, None, None]
+        assert elapsed < 1.0 * 3 + 30  # the timeout and grace, then a new worker's start-up
+        assert pool.score(["\\boxed{6}"], ["6"]) == [1.0]  # the replacement scores too
+    finally:
+        pool.close()
+
+
+def test_unreadable_answers_per_reward():
+    from dots.rewards import unreadable_answers
+
+    got = unreadable_answers("math_verify", ["6", "7\\sqrt{2}.", "24\\%", "\\[ 6 \\]"])
+    assert got[0] is None and got[2] is None and got[3] is None  # normalised as scoring normalises
+    assert "math-verify cannot parse it" in got[1]
+    assert unreadable_answers("exact_match", ["12", "1 2"]) == [None, unreadable_answers("exact_match", [" 3"])[0]]
+    assert "holds whitespace" in unreadable_answers("exact_match", ["1 2"])[0]
+    with pytest.raises(ValueError, match="unknown reward"):
+        unreadable_answers("nope", ["1"])
 
 
 def test_callable_from_threads():
