@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .data import Question
+from .progress import report
 from .rewards import exact_match
 from .rollout import Group, RolloutEngine
 
@@ -73,7 +74,8 @@ def task_io(cfg) -> TaskIO:
 
 
 def greedy_accuracy(engine: RolloutEngine, tokenizer, questions: list[Question], max_new_tokens: int,
-                    batch_size: int = 1024, io: TaskIO = PLAIN, per_question: bool = False):
+                    batch_size: int = 1024, io: TaskIO = PLAIN, per_question: bool = False,
+                    progress: str = "evaluation"):
     """Share of questions whose greedy answer is right (or, with per_question, each question's 0/1)."""
     scores: list[float] = []
     for start in range(0, len(questions), batch_size):
@@ -82,6 +84,7 @@ def greedy_accuracy(engine: RolloutEngine, tokenizer, questions: list[Question],
                                  max_new_tokens=max_new_tokens, greedy=True, need_logprobs=False)
         io.score(groups, chunk)
         scores.extend(float(g.rewards[0]) for g in groups)
+        report(progress, len(scores), len(questions))
     if per_question:
         return scores
     return sum(scores) / max(1, len(questions))
@@ -89,7 +92,7 @@ def greedy_accuracy(engine: RolloutEngine, tokenizer, questions: list[Question],
 
 def pass_rates(engine: RolloutEngine, tokenizer, questions: list[Question], group_size: int,
                temperature: float, max_new_tokens: int, generator: torch.Generator | None = None,
-               chunk: int = 256, io: TaskIO = PLAIN) -> np.ndarray:
+               chunk: int = 256, io: TaskIO = PLAIN, progress: str = "evaluation") -> np.ndarray:
     """Mean reward of `group_size` samples per question."""
     out = []
     for start in range(0, len(questions), chunk):
@@ -98,6 +101,7 @@ def pass_rates(engine: RolloutEngine, tokenizer, questions: list[Question], grou
                                  max_new_tokens=max_new_tokens, generator=generator, need_logprobs=False)
         io.score(groups, part)
         out.extend(g.mean_reward for g in groups)
+        report(progress, len(out), len(questions))
     return np.asarray(out, dtype=np.float64)
 
 

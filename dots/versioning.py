@@ -13,12 +13,16 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
 from .atomic import atomic_path
 from .config import ConfigError, load_config
+from .progress import say
 from .redact import scrub
 
 
@@ -31,23 +35,75 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.setdefault("HF_HUB_OFFLINE", "1")
+    env["PYTHONUNBUFFERED"] = "1"  # stage output reaches the caller as it is printed, not at exit
     env.update(extra or {})
     return env
 
 
-def dvc(args: list[str], repo: str | Path, env: dict[str, str] | None = None, timeout: float | None = None) -> str:
-    proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, env=_env(env), capture_output=True,
-                          text=True, timeout=timeout)
-    out = (proc.stdout or "") + (proc.stderr or "")
-    if proc.returncode != 0:
+def dvc(args: list[str], repo: str | Path, env: dict[str, str] | None = None, timeout: float | None = None,
+        on_line: Callable[[str], None] | None = None) -> str:
+    """Run `dvc <args>` in `repo` and return its output (stdout and stderr, interleaved).
+
+    The output is streamed: `on_line` gets each line as the command prints it (a stage's
+    progress reaches the caller while the stage runs), and a failure raises StageError with
+    the tail of the output. `timeout` (seconds) kills the command and raises
+    subprocess.TimeoutExpired, as subprocess.run does.
+    """
+    proc = subprocess.Popen([sys.executable, "-m", "dvc", *args], cwd=repo, env=_env(env), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            bufsize=1, errors="replace")
+    timed_out = threading.Event()
+
+    def kill() -> None:
+        """dvc and the stage command it runs (which holds the pipe open too)."""
+        import psutil  # noqa: PLC0415  (a DVC dependency)
+
+        try:
+            family = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            family = []
+        for p in [*family, proc]:
+            try:
+                p.kill()
+            except (psutil.NoSuchProcess, ProcessLookupError):
+                pass
+
+    def time_out() -> None:
+        timed_out.set()
+        kill()
+
+    timer = threading.Timer(timeout, time_out) if timeout else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for text in proc.stdout:
+            lines.append(text)
+            if on_line is not None:
+                on_line(text.rstrip("\n"))
+        returncode = proc.wait()
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if proc.poll() is None:  # the caller's on_line raised, or we were interrupted: leave no orphan
+            kill()
+            proc.wait()
+    out = "".join(lines)
+    if timed_out.is_set():
+        raise subprocess.TimeoutExpired(proc.args, timeout, output=out)
+    if returncode != 0:
         tail = "\n".join(out.strip().splitlines()[-25:])
-        raise StageError(scrub(f"`dvc {' '.join(args)}` failed in {repo} (exit {proc.returncode}):\n{tail}"))
+        raise StageError(scrub(f"`dvc {' '.join(args)}` failed in {repo} (exit {returncode}):\n{tail}"))
     return out
 
 
-def repro(stage: str, repo: str | Path = ".", env: dict[str, str] | None = None) -> str:
-    """Run one stage (not its upstream: the flow orders the stages); DVC skips it when nothing changed."""
-    return dvc(["repro", "--single-item", stage], repo, env)
+def repro(stage: str, repo: str | Path = ".", env: dict[str, str] | None = None,
+          on_line: Callable[[str], None] | None = None) -> str:
+    """Run one stage (not its upstream: the flow orders the stages); DVC skips it when nothing changed.
+    `on_line` gets the stage's output line by line while it runs."""
+    return dvc(["repro", "--single-item", stage], repo, env, on_line=on_line)
 
 
 def set_params(overrides: list[str] | dict | None, repo: str | Path = ".") -> None:
@@ -77,6 +133,40 @@ def set_params(overrides: list[str] | dict | None, repo: str | Path = ".") -> No
         node[parts[-1]] = value
     with atomic_path(path) as tmp, tmp.open("w") as f:
         ry.dump(doc, f)
+
+
+@contextmanager
+def params_overridden(overrides: list[str] | dict | None, repo: str | Path = ".") -> Iterator[None]:
+    """params.yaml with `overrides` applied for the duration of a run, then the user's file put
+    back byte for byte, also when the run fails (what a flow's `overrides` parameter does).
+
+    The stages run against the overridden file, so dvc.lock and the outputs describe the run
+    that made them; afterwards `dvc status` names the stages whose params the overrides changed,
+    and the next plain run (or `dvc repro`) brings them back to the user's params. If params.yaml
+    was edited during the run, the edit is kept and the original is left beside it.
+    """
+    if not overrides:
+        yield
+        return
+    path = Path(repo) / "params.yaml"
+    original = path.read_bytes() if path.exists() else None
+    set_params(overrides, repo)  # validated first: a bad override raises before the file changes
+    applied = path.read_bytes()
+    try:
+        yield
+    finally:
+        now = path.read_bytes() if path.exists() else None
+        if now != applied:  # someone changed params.yaml while the run used it: do not undo their edit
+            keep = path.with_name("params.yaml.before-overrides")
+            if original is not None:
+                keep.write_bytes(original)
+            say(f"params.yaml changed during the run; left as it is (the file before the run's overrides: "
+                f"{keep})")
+        elif original is None:
+            path.unlink()
+        else:
+            with atomic_path(path) as tmp:
+                tmp.write_bytes(original)
 
 
 def lock(repo: str | Path = ".") -> dict:

@@ -1,5 +1,7 @@
 """A comparison of methods as a Prefect flow: the same pipeline with `train.methods` set,
-so every method shares model, pool, batch size, learning rate and step budget."""
+so every method shares model, pool, batch size, learning rate and step budget. The methods
+and overrides apply to this run only: the user's params.yaml is the same after it (the
+pipeline flow restores it), whether it ran on the nightly schedule or on demand."""
 
 from __future__ import annotations
 

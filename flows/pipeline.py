@@ -2,11 +2,16 @@
 predictor → train each of `train.methods` → compare (MLflow parent run + children).
 
 Every task runs its DVC stage, so this flow and `dvc repro` produce the same artifacts and
-dvc.lock; overrides are written into params.yaml first (validated, as `dvc exp run -S`).
+dvc.lock. Overrides (dotted keys, validated first) are written into params.yaml for the run,
+as `dvc exp run -S` does, and the user's params.yaml is restored byte for byte when the flow
+ends, failed or not (`dots.versioning.params_overridden`): a scheduled or triggered variant
+never changes the user's params. dvc.lock and the outputs then describe the variant's run,
+so `dvc status` names the stages the overrides changed and the next plain run redoes them.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -35,16 +40,14 @@ def prepare_models(repo: str, env: dict, remote: str | None = None) -> str:
 @flow(name="dots-pipeline", log_prints=True)
 def pipeline(repo: str = ".", overrides: list[str] | None = None, remote: str | None = None) -> dict:
     repo = str(Path(repo).resolve())
-    versioning.set_params(overrides, repo)
-    cfg = load_config(Path(repo) / "params.yaml")
-    env = run_env()
-    version = prepare_models(repo, env, remote)
-    for method in cfg.train.methods:
-        stages.train(repo, method, env)
-    stages.compare(repo, env)
+    with versioning.params_overridden(overrides, repo):  # the user's params.yaml is back when this ends
+        cfg = load_config(Path(repo) / "params.yaml")
+        env = run_env()
+        version = prepare_models(repo, env, remote)
+        for method in cfg.train.methods:
+            stages.train(repo, method, env)
+        stages.compare(repo, env)
     get_run_logger().info("pipeline done: data %s, methods %s", version, cfg.train.methods)
-    import json  # noqa: PLC0415
-
     return json.loads((Path(repo) / cfg.paths.root / "compare" / "comparison.json").read_text())
 
 

@@ -3,6 +3,7 @@ has not changed), then train one method. A retried train task resumes from its c
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from prefect import flow
@@ -16,16 +17,14 @@ from tasks import stages
 @flow(name="dots-train", log_prints=True)
 def train_run(method: str = "dots_rr", repo: str = ".", overrides: list[str] | None = None) -> dict:
     repo = str(Path(repo).resolve())
-    versioning.set_params(overrides, repo)
-    cfg = load_config(Path(repo) / "params.yaml")
-    if method not in cfg.train.methods:
-        raise ValueError(f"method {method!r}: the DVC train stages run train.methods={cfg.train.methods}; "
-                         f"add it there (overrides=['train.methods=[...,{method}]'])")
-    env = run_env()
-    prepare_models(repo, env)
-    stages.train(repo, method, env)
-    import json  # noqa: PLC0415
-
+    with versioning.params_overridden(overrides, repo):  # the user's params.yaml is back when this ends
+        cfg = load_config(Path(repo) / "params.yaml")
+        if method not in cfg.train.methods:
+            raise ValueError(f"method {method!r}: the DVC train stages run train.methods={cfg.train.methods}; "
+                             f"add it there (overrides=['train.methods=[...,{method}]'])")
+        env = run_env()
+        prepare_models(repo, env)
+        stages.train(repo, method, env)
     return json.loads((Path(repo) / cfg.paths.root / "runs" / method / "summary.json").read_text())
 
 

@@ -4,24 +4,66 @@ so the lineage is DVC's whatever started the run (see README, "One lineage").
 - storage and tracking steps retry (a remote or MLflow store can fail transiently);
 - embed and fit_predictor are cached on their inputs (params, upstream hashes, code);
 - train retries resume from the method's last checkpoint (artifacts/checkpoints/<method>),
-  which DVC does not delete because it is not a stage output.
+  which DVC does not delete because it is not a stage output;
+- a stage's output reaches the task's log line by line while it runs, and its progress lines
+  (dots.progress) update a progress artifact per bar on the flow run's page.
+
+A new stage is one more task calling `_repro("<dvc stage>", repo, env)`.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
+from uuid import UUID
 
 from prefect import get_run_logger, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from dots import versioning
+from dots import progress, versioning
 from dots.redact import scrub
 
 
+class _StageOutput:
+    """Each line of a running stage into the task's log as it is printed, and its progress lines
+    into one Prefect progress artifact per bar (warm-up, labelling, training, evaluation), so
+    the flow run's page shows how far each has got while the stage runs."""
+
+    def __init__(self, stage: str):
+        self.stage, self.logger = stage, get_run_logger()
+        self.artifacts: dict[str, UUID] = {}
+        self.artifacts_broken = False
+
+    def __call__(self, line: str) -> None:
+        line = scrub(line)
+        if line.strip():
+            self.logger.info("%s | %s", self.stage, line)
+        parsed = progress.parse(line)
+        if parsed is not None and not self.artifacts_broken:
+            self._progress(*parsed, line.strip())
+
+    def _progress(self, title: str, done: int, total: int, description: str) -> None:
+        percent = min(100.0, 100.0 * done / total) if total else 100.0
+        try:
+            if title in self.artifacts:
+                update_progress_artifact(self.artifacts[title], percent, description=description)
+            else:
+                self.artifacts[title] = create_progress_artifact(percent, key=artifact_key(title),
+                                                                 description=description)
+        except Exception as exc:  # noqa: BLE001  (progress display must never fail a stage)
+            self.artifacts_broken = True
+            self.logger.warning("%s: progress artifacts disabled for this stage (%s)", self.stage, exc)
+
+
+def artifact_key(title: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes) for a progress bar's title."""
+    return "progress-" + (re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") or "stage")
+
+
 def _repro(stage: str, repo: str, env: dict | None) -> str:
-    out = versioning.repro(stage, repo, env)
-    get_run_logger().info("%s\n%s", stage, scrub(out.strip()))
-    return out
+    """Run the DVC stage, its output streamed into the task's log line by line."""
+    return versioning.repro(stage, repo, env, on_line=_StageOutput(stage))
 
 
 def _inputs_key(stage: str):
