@@ -1,7 +1,8 @@
 """`dots` command line: one subcommand per pipeline stage, each reading params.yaml plus
 `-S key=value` overrides (the same dotted keys as `dvc exp run -S`).
 
-    dots prepare | warmup | embed | label | fit-predictor | train [--method M] | compare | all
+    dots prepare | warmup | embed | label | fit-predictor | train [--method M] | evaluate --method M
+         | compare | all
     dots plan                     (peak GPU memory per rank; refuses a config that cannot fit)
     dots evaluate --data FILE [--policy DIR | --checkpoint DIR] [--samples G]   (a held-out math set)
     torchrun --nproc-per-node N -m dots.cli train ...                         (data-parallel training)
@@ -31,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
                        ("label", "label a pool subset with each warm-up policy's pass rate"),
                        ("fit-predictor", "train the difficulty predictor; prints held-out Pearson/MAE"),
                        ("compare", "time-to-target table of the trained methods"),
-                       ("all", "every stage, then train each of train.methods and compare")]:
+                       ("all", "every stage, then train and evaluate each of train.methods and compare")]:
         sub.add_parser(name, parents=[common], help=text)
     sub.add_parser("plan", parents=[common],
                    help="peak GPU memory per rank of this config; exits 1 (naming the key) when it cannot fit")
@@ -39,9 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--method", choices=METHODS, help="overrides train.method")
     train.add_argument("--restart", action="store_true", help="ignore an existing checkpoint and start over")
     ev = sub.add_parser("evaluate", parents=[common],
-                        help="greedy accuracy (and pass@G) of a policy on a held-out set; prints JSON")
-    ev.add_argument("--data", required=True,
-                    help="held-out set: .parquet (verl layout), .jsonl or a datasets folder")
+                        help="--method M: the evaluate stage (M's exported model on the held-out sets of "
+                             "params); --data FILE: any policy on one held-out set, printed as JSON")
+    ev.add_argument("--method", choices=METHODS, help="the evaluate@<method> stage")
+    ev.add_argument("--data", help="held-out set: .parquet (verl layout), .jsonl or a datasets folder")
     ev.add_argument("--question", default="extra_info.question", help="dotted question column")
     ev.add_argument("--answer", default="reward_model.ground_truth", help="dotted answer column")
     ev.add_argument("--id", default="extra_info.index", help="dotted id column; 'none' numbers the rows")
@@ -69,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dots: {scrub(str(exc))}", file=sys.stderr)
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.command == "evaluate" and bool(args.method) == bool(args.data):
+        print("dots evaluate: give exactly one of --method (the stage) and --data (one held-out set)",
+              file=sys.stderr)
+        return 2
     if args.command == "plan":
         return _plan(cfg)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.command != "train":
@@ -98,12 +104,15 @@ def main(argv: list[str] | None = None) -> int:
             run_bench(bench_config(cfg), args.seeds, args.methods, Path(args.out), args.dataset)
         elif args.command == "compare":
             stages.compare(cfg)
+        elif args.command == "evaluate" and args.method:
+            stages.evaluate(cfg, args.method)
         elif args.command == "evaluate":
             _evaluate(cfg, args)
         elif args.command == "all":
             stages.run_shared(cfg)
             for method in cfg.train.methods:  # a full run starts training over
                 stages.train(cfg, method, resume=False)
+                stages.evaluate(cfg, method)
             stages.compare(cfg)
     except (FileNotFoundError, ValueError, ConnectionError) as exc:  # bad input, unreachable service
         print(f"dots {args.command}: {scrub(str(exc))}", file=sys.stderr)
@@ -141,7 +150,9 @@ def _evaluate(cfg, args) -> None:
 
     data = {"path": args.data, "question": args.question, "answer": args.answer,
             "id": None if args.id.lower() == "none" else args.id, "limit": args.limit}
-    result = evaluate_policy(cfg, data, args.policy, args.checkpoint, args.samples, args.seed)
+    from .stages import policy_path  # noqa: PLC0415
+
+    result = evaluate_policy(cfg, data, args.policy or policy_path(cfg), args.checkpoint, args.samples, args.seed)
     out = json.dumps(result, indent=1)
     print(out)
     if args.out:

@@ -249,6 +249,34 @@ class EvalConfig(_Section):
                                                         "sampled pass rate is strictly between 0 and 1 (0: off)")
 
 
+class HeldoutSet(DatasetSpec):
+    """An extra held-out set of the evaluate stage (e.g. MATH500, AIME): a local file in any
+    layout the dataset loader reads, scored like the task's own held-out rows."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="short name; metrics are "
+                                                                    "heldout/<name>/<metric>")
+
+
+class EvaluateConfig(_Section):
+    """The evaluate@<method> stage: the exported final policy on held-out sets, after training.
+    Apart from `eval` (the in-training curve), so changing these re-runs only evaluation."""
+
+    samples: int = _range(0, None, default=4, desc="k sampled answers per question at rollout.temperature "
+                                                   "for pass@k and mean@k (0: greedy accuracy only)")
+    seed: int = Field(0, description="sampling seed (the same for every method: common random numbers)")
+    sets: list[HeldoutSet] = Field(default_factory=list, description="extra held-out sets beside the task's "
+                                   "own (named 'task'): [{name, path, question, answer, id, ...}]")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "EvaluateConfig":
+        names = ["task", *(s.name for s in self.sets)]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"evaluate.sets: names must be unique and not 'task' (the task's own held-out "
+                             f"set); repeated: {dup}")
+        return self
+
+
 class TrainConfig(_Section):
     method: Method = Field("dots_rr", description="one of grpo, dots, rr, dots_rr")
     methods: list[Method] = Field(default_factory=lambda: ["grpo", "dots_rr"],
@@ -314,6 +342,7 @@ class Config(_Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     paths: PathsConfig = Field(default_factory=PathsConfig)

@@ -31,16 +31,15 @@ from .models import load_policy, resolve_device
 from .engines import engine_for
 
 
-def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path | None = None,
+def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path,
                     checkpoint: str | Path | None = None, samples: int = 0, seed: int = 0) -> dict:
     """Greedy accuracy (and pass@G, mean@G when `samples` = G > 0) of a policy on a held-out set."""
     from .datasets import load_pool  # noqa: PLC0415
-    from .stages import policy_path  # noqa: PLC0415
 
     questions = load_pool(data)  # every row validated before any model loads
     start = time.perf_counter()
     setup_from_config(cfg)
-    source = policy or policy_path(cfg)
+    source = policy
     model, tok = load_policy(source, getattr(torch, cfg.model.dtype))
     if checkpoint is not None:
         ckpt = Path(checkpoint)
@@ -49,20 +48,28 @@ def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path | None
             raise FileNotFoundError(f"{ckpt}: no training checkpoint here")
         model.load_state_dict(state["model"])
     model.to(resolve_device(cfg.train.device)).eval()
-    r = cfg.rollout
     engine = engine_for(cfg, model, tok, seed=seed, sleep_mode=False)
     engine.sync_weights(model)  # a vLLM engine loaded the folder's weights, not the checkpoint's
-    io = task_io(cfg)
     out: dict[str, Any] = {
         "policy": str(source), "checkpoint": str(checkpoint) if checkpoint else None,
         "step": state["step"] if checkpoint is not None else None,
         "data": data["path"], "questions": len(questions),
-        "greedy_accuracy": greedy_accuracy(engine, tok, questions, r.max_new_tokens, cfg.eval.batch_size, io),
+        **score(cfg, engine, tok, questions, samples, seed),
     }
+    out["seconds"] = time.perf_counter() - start
+    return out
+
+
+def score(cfg: Config, engine, tok, questions: list, samples: int, seed: int) -> dict[str, Any]:
+    """Greedy accuracy, and with `samples` = k > 0 pass@k (share of questions solved by at least one
+    of k samples) and mean@k (mean reward of the samples) at rollout.temperature. The same seed
+    gives every policy the same dice."""
+    r, io = cfg.rollout, task_io(cfg)
+    out: dict[str, Any] = {"greedy_accuracy": greedy_accuracy(engine, tok, questions, r.max_new_tokens,
+                                                              cfg.eval.batch_size, io)}
     if samples > 0:
         rates = pass_rates(engine, tok, questions, samples, r.temperature, r.max_new_tokens,
                            torch.Generator().manual_seed(seed), chunk=max(1, r.batch_size // samples), io=io)
         out.update({"samples": samples, "temperature": r.temperature,
                     f"pass@{samples}": float((rates > 0).mean()), f"mean@{samples}": float(rates.mean())})
-    out["seconds"] = time.perf_counter() - start
     return out

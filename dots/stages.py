@@ -64,6 +64,14 @@ class Paths:
     def run(self, method: str) -> Path:
         return self.root / "runs" / method
 
+    def model(self, method: str) -> Path:
+        """The exported final policy (a save_pretrained folder; DVC output of train@<method>)."""
+        return self.run(method) / "model"
+
+    def evaluation(self, method: str) -> Path:
+        """evaluate@<method>'s metrics (a DVC metrics file)."""
+        return self.root / "evaluations" / method / "metrics.json"
+
     def checkpoints(self, method: str) -> Path:
         """Kept apart from the run's outputs, so a retried or re-run stage can resume from them."""
         return self.root / "checkpoints" / method
@@ -303,12 +311,19 @@ def train(cfg: Config, method: str | None = None, resume: bool = True, run_dir: 
             logger.catch_up(trainer.records)
         result = trainer.run()
     s = result.summary
+    model_dir = run_dir / "model"
+    trainer.export(model_dir, {"method": method, "steps": s["steps"], "final_accuracy": s["final_accuracy"],
+                               "started_from": str(policy_path(cfg))})  # collective under fsdp
     extra = {}
     if trainer.device.type == "cuda":
         extra["gpu_peak_memory_gb"] = torch.cuda.max_memory_allocated(trainer.device) / 2**30
     if logger is not None:
         logger.finish(s, result.evals)
-        extra["tracking_s"] = logger.seconds
+        t = time.perf_counter()
+        from .tracking import register_model  # noqa: PLC0415
+
+        extra["registered_version"] = register_model(logger.tracker, logger.run_id, model_dir, method, s)
+        extra["tracking_s"] = logger.seconds + time.perf_counter() - t
     extra["wall_s"] = time.perf_counter() - wall_start  # the whole call: loading, training, evals, tracking
     s.update(extra)  # figures known only after the run files were written: one more write of the summary
     if trainer.dist.main:
@@ -316,6 +331,51 @@ def train(cfg: Config, method: str | None = None, resume: bool = True, run_dir: 
     say(f"train {method}: final accuracy {s['final_accuracy']:.3f} (from {s['initial_accuracy']:.3f}) after "
         f"{s['steps']} steps, {s['elapsed_s']:.0f}s training clock")
     return s
+
+
+def evaluate(cfg: Config, method: str | None = None) -> dict:
+    """evaluate@<method>: the exported final policy on the task's held-out set ('task') and on each
+    of evaluate.sets: greedy accuracy, pass@k and mean@k. Every set is read and validated before
+    the model loads. Writes evaluations/<method>/metrics.json and logs heldout/<set>/<metric> to the
+    method's MLflow run."""
+    from .datasets import load_pool  # noqa: PLC0415
+    from .heldout import score  # noqa: PLC0415
+
+    method = method or cfg.train.method
+    p = paths(cfg)
+    folder = p.model(method)
+    if not (folder / "config.json").exists():
+        raise FileNotFoundError(f"{folder}: no exported model; run `dots train --method {method}` first")
+    sets = {"task": load_data(cfg)[1]}
+    for spec in cfg.evaluate.sets:
+        sets[spec.name] = load_pool(spec.model_dump(exclude={"name"}), reward=cfg.reward.name,
+                                    timeout_s=cfg.reward.timeout_s)  # ground truths the reward reads
+    start = time.perf_counter()
+    setup_from_config(cfg)
+    model, tok = load_policy(folder, getattr(torch, cfg.model.dtype))
+    model.to(resolve_device(cfg.train.device)).eval()
+    engine = engine_for(cfg, model, tok, seed=cfg.evaluate.seed, sleep_mode=False)
+    results = {}
+    for name, questions in sets.items():
+        results[name] = {"questions": len(questions),
+                         **score(cfg, engine, tok, questions, cfg.evaluate.samples, cfg.evaluate.seed)}
+        say(f"evaluate {method}: {name}: " + ", ".join(f"{k} {v:.4f}" for k, v in results[name].items()
+                                                      if k.startswith(("greedy", "pass@", "mean@"))))
+    close_engine(engine)
+    out = {"method": method, "model": str(folder), "seconds": time.perf_counter() - start, "heldout": results}
+    _write_json(p.evaluation(method), out)
+    if cfg.tracking.enabled:
+        from .tracking import log_evaluation  # noqa: PLC0415
+
+        log_evaluation(cfg, method, heldout_metrics(out))
+    return out
+
+
+def heldout_metrics(evaluation: dict) -> dict[str, float]:
+    """evaluate's results as flat metric names: heldout/<set>/<metric>, with pass@k written pass_at_k
+    (MLflow allows no '@' in a metric name)."""
+    return {f"heldout/{name}/{k.replace('@', '_at_')}": float(v) for name, r in evaluation["heldout"].items()
+            for k, v in r.items() if k.startswith(("greedy", "pass@", "mean@"))}
 
 
 def compare(cfg: Config, methods: list[str] | None = None) -> dict:
@@ -335,6 +395,8 @@ def compare(cfg: Config, methods: list[str] | None = None) -> dict:
                      "elapsed_s": summary["elapsed_s"], "mean_step_s": summary.get("mean:time/step_s"),
                      "effective_ratio": summary.get("mean:train/effective_ratio"),
                      "dots_pearson": summary.get("mean:dots/pearson")})
+        if p.evaluation(m).exists():  # evaluate@<method> ran: its held-out metrics join the row
+            rows[-1]["heldout"] = heldout_metrics(json.loads(p.evaluation(m).read_text()))
     base = next((r for r in rows if r["method"] == "grpo"), None)
     for r in rows:
         ok = base and base["time_to_target_s"] and r["time_to_target_s"] is not None

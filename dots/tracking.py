@@ -31,6 +31,7 @@ from .config import Config
 from .redact import scrub, scrub_tree
 
 PIPELINE_TAG, LOGGED_TAG = "dots.pipeline", "dots.logged_step"
+MODEL_ARTIFACT = "model"  # where a run keeps its exported policy folder
 
 
 def tracking_uri(cfg: Config) -> str:
@@ -209,6 +210,80 @@ class Tracker:
                                               f"({_first_line(exc)}); the local file is kept") from None
 
 
+def registered_name(cfg: Config, method: str) -> str:
+    """The Model Registry name of a method's policies: `<tracking.experiment>-<method>`."""
+    return f"{cfg.tracking.experiment}-{method}"
+
+
+def register_model(tracker: Tracker, run_id: str, folder: Path, method: str, summary: dict) -> str:
+    """Log an exported model folder to the method's run (artifact path `model`) and register it as
+    a version of `<experiment>-<method>`, tagged with data version, git commit, method, final
+    accuracy and the weights' digest. A retry with the same weights on the same run finds its
+    version and registers no duplicate; a newly trained model gets a new version. Returns the version."""
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+
+    from .export import read_info  # noqa: PLC0415
+
+    client, name = tracker.client, registered_name(tracker.cfg, method)
+    digest = read_info(folder)["weights_sha256"]
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name, description=f"dots policies trained with method {method}")
+    for v in client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'"):
+        if v.tags.get("weights_sha256") == digest:
+            return v.version
+    artifact_uri = client.get_run(run_id).info.artifact_uri
+    try:
+        client.log_artifacts(run_id, str(folder), MODEL_ARTIFACT)
+    except Exception as exc:  # noqa: BLE001  (S3 down, wrong credentials, missing bucket, ...)
+        raise TrackingUnavailable(f"MLflow artifact store {scrub(artifact_uri)}: could not store the model "
+                                  f"{folder} ({_first_line(exc)}); the local folder is kept") from None
+    source = f"{artifact_uri}/{MODEL_ARTIFACT}"
+    tags = {"method": method, "data_version": tracker.data_version, "git_commit": tracker.commit,
+            "weights_sha256": digest, "dots.pipeline": tracker.pipeline}
+    for key in ("final_accuracy", "steps"):
+        if summary.get(key) is not None:
+            tags[key] = str(summary[key])
+    version = client.create_model_version(name, source, run_id=run_id, tags=tags)
+    return version.version
+
+
+def tag_model_version(tracker: Tracker, run_id: str, method: str, tags: dict) -> None:
+    """Add tags (time-to-target, known after compare) to the versions registered from `run_id`."""
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+
+    name = registered_name(tracker.cfg, method)
+    try:
+        versions = tracker.client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    except MlflowException:
+        return  # nothing registered (tracking was off while training)
+    for v in versions:
+        for key, value in tags.items():
+            tracker.client.set_model_version_tag(name, v.version, key, "never" if value is None else str(value))
+
+
+def method_run(tracker: Tracker, method: str) -> str:
+    """The id of the pipeline's training run of `method` (created, finished, when training was not tracked)."""
+    run = tracker._find(f"and tags.method = '{method}' and tags.`dots.role` = 'train'")
+    if run is not None:
+        return run.info.run_id
+    run_id, _ = tracker.child(method)
+    tracker.client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+def log_evaluation(cfg: Config, method: str, metrics: dict[str, float]) -> str:
+    """The evaluate stage's metrics (heldout/<set>/<metric>) on the method's own run."""
+    from mlflow.entities import Metric  # noqa: PLC0415
+
+    tracker = Tracker(cfg)
+    run_id = method_run(tracker, method)
+    now = int(time.time() * 1000)
+    tracker.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
+    return run_id
+
+
 class LiveLogger:
     """Trainer callback: buffers step records and logs them every `every` steps.
 
@@ -280,6 +355,27 @@ class LiveLogger:
             self.seconds += time.perf_counter() - t
 
 
+def log_time_to_target(tracker: Tracker, comparison: dict, runs: dict[str, str] | None = None) -> None:
+    """time_to_target_s, steps_to_target and target_accuracy on each method's own run (so the runs
+    table compares runs by them), a `reached_target` tag (a method that never reached it has no
+    time to log), and the same figures as tags of the model versions registered from the run.
+    `runs` maps method to run id (the benchmark's per-seed runs); default: the pipeline's."""
+    from mlflow.entities import Metric, RunTag  # noqa: PLC0415
+
+    now = int(time.time() * 1000)
+    target = float(comparison["target_accuracy"])
+    for row in comparison["rows"]:
+        method = row["method"]
+        run_id = (runs or {}).get(method) or method_run(tracker, method)
+        metrics = [Metric("target_accuracy", target, now, 0)]
+        metrics += [Metric(k, float(row[k]), now, 0) for k in ("time_to_target_s", "steps_to_target")
+                    if row.get(k) is not None]
+        reached = str(row.get("time_to_target_s") is not None).lower()
+        tracker.client.log_batch(run_id, metrics=metrics, tags=[RunTag("reached_target", reached)])
+        tag_model_version(tracker, run_id, method, {"time_to_target_s": row.get("time_to_target_s"),
+                                                    "target_accuracy": target})
+
+
 def log_comparison(cfg: Config, comparison: dict, artifacts: list[Path]) -> str:
     """Attach the comparison (metrics per method, table, plot, predictor eval, config) to the parent run."""
     from mlflow.entities import Metric  # noqa: PLC0415
@@ -293,6 +389,7 @@ def log_comparison(cfg: Config, comparison: dict, artifacts: list[Path]) -> str:
             if row.get(key) is not None:
                 metrics.append(Metric(f"{key}/{row['method']}", float(row[key]), now, 0))
     tracker.client.log_batch(parent, metrics=metrics)
+    log_time_to_target(tracker, comparison)
     from .atomic import write_text  # noqa: PLC0415
 
     config_file = cfg.root / "compare" / "config.json"
@@ -317,6 +414,12 @@ def log_bench(cfg: Config, result: dict, artifacts: list[Path]) -> str:
             if isinstance(value, (int, float)) and math.isfinite(value):
                 metrics.append(Metric(f"bench/{key}/{method}", float(value), now, 0))
     tracker.client.log_batch(parent, metrics=metrics)
+    for row in result["runs"]:  # each seed's run gets its own time-to-target, against its seed's target
+        run = tracker._find(f"and tags.method = '{row['method']}' and tags.`dots.role` = 'train' "
+                            f"and tags.seed = '{row['seed']}'")
+        if run is not None and row.get("target_accuracy") is not None:
+            log_time_to_target(tracker, {"target_accuracy": row["target_accuracy"], "rows": [row]},
+                               {row["method"]: run.info.run_id})
     tracker.log_artifacts(parent, artifacts, "bench")
     tracker.client.set_terminated(parent, "FINISHED")
     return parent

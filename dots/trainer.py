@@ -373,6 +373,20 @@ class Trainer:
             "records": self.records, "evals": self.evals,
         })
 
+    def export(self, path: str | Path, info: dict | None = None) -> Path | None:
+        """Write the current policy as a standard model folder (`save_pretrained`: config,
+        safetensors weights, tokenizer) that transformers and vLLM load as is. Under train.fsdp
+        every rank gathers the full weights (collective) and rank 0 writes. The folder is built
+        beside `path` and swapped in whole, so a kill mid-write never leaves half a model."""
+        from .export import write_model_folder  # noqa: PLC0415
+
+        state = None
+        if self.sharded:
+            state = self._full_states()[0]  # collective: every rank takes part
+        if not self.dist.main:
+            return None
+        return write_model_folder(self.model, self.tokenizer, path, state, info)
+
     def _full_states(self) -> tuple[dict, dict]:
         """train.fsdp: the model's full state dict (plain-model keys, on the CPU) and the optimizer's
         full state (keyed by parameter name, on the CPU of rank 0; other ranks get an empty dict).

@@ -1,0 +1,162 @@
+"""The trained policy as the product: train@<method> exports a standard model folder, registers it
+in the MLflow Model Registry (against a real `mlflow server`), evaluate@<method> scores it, and
+compare writes time-to-target onto each method's own run and registered version."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from dots import stages
+from dots.checkpoints import load_checkpoint
+from dots.models import load_policy
+
+from .conftest import tiny_config
+
+SHARED = ("data", "models", "embeddings", "labels", "predictor")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` (sqlite store, proxied artifacts) on a free port."""
+    where = tmp_path_factory.mktemp("mlflow_server")
+    port = _free_port()
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+                             f"sqlite:///{where / 'mlflow.db'}", "--artifacts-destination", str(where / "art"),
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mlflow server exited: {proc.stdout.read()}")
+        try:
+            urllib.request.urlopen(f"{uri}/health", timeout=2)
+            break
+        except Exception:  # noqa: BLE001  (not up yet)
+            if time.time() > deadline:
+                proc.kill()
+                raise TimeoutError(f"mlflow server at {uri} did not answer in 180 s") from None
+            time.sleep(0.5)
+    yield uri
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_pipeline, tmp_path_factory, mlflow_server):
+    """grpo trained 3 steps in its own root (the shared stages copied from the tiny pipeline),
+    tracked on the real server."""
+    root = tmp_path_factory.mktemp("export") / "artifacts"
+    for name in SHARED:
+        shutil.copytree(tiny_pipeline.root / name, root / name)
+    cfg = tiny_config(root, f"tracking.uri={mlflow_server}", "evaluate.samples=2")
+    summary = stages.train(cfg, "grpo")
+    return cfg, summary
+
+
+def _greedy(model, tok, prompts: list[str]) -> list[str]:
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id)
+    return tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def test_exported_folder_loads_with_plain_transformers_and_answers_as_the_trainer(trained):
+    cfg, _ = trained
+    p = stages.paths(cfg)
+    folder = p.model("grpo")
+    assert {"config.json", "model.safetensors", "tokenizer.json", "dots.json"} <= {f.name for f in folder.iterdir()}
+    exported = AutoModelForCausalLM.from_pretrained(folder).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.padding_side = "left"
+    # the trainer's final policy: the warm-up model with the final checkpoint's weights
+    final, _ = load_policy(p.policy)
+    final.load_state_dict(load_checkpoint(p.checkpoints("grpo"))["model"])
+    final.eval()
+    warm, _ = load_policy(p.policy)
+    moved = any(not torch.equal(a, b) for a, b in zip(final.state_dict().values(), warm.state_dict().values()))
+    assert moved, "training changed no weight: the comparison below would not test the export"
+    for key, value in final.state_dict().items():
+        assert torch.equal(exported.state_dict()[key], value), key
+    prompts = [q.prompt for q in stages.load_data(cfg)[1][:16]]
+    assert _greedy(exported, tok, prompts) == _greedy(final, tok, prompts)
+    assert json.loads((folder / "dots.json").read_text())["method"] == "grpo"
+
+
+def test_the_model_is_registered_once_with_its_tags_and_loads_from_the_registry(trained, mlflow_server, tmp_path):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    cfg, summary = trained
+    client = MlflowClient(mlflow_server)
+    versions = client.search_model_versions("name = 'dots-grpo'")
+    assert len(versions) == 1
+    v = versions[0]
+    for tag in ("method", "data_version", "git_commit", "final_accuracy", "weights_sha256"):
+        assert v.tags.get(tag), tag
+    assert v.tags["method"] == "grpo" and float(v.tags["final_accuracy"]) == pytest.approx(summary["final_accuracy"])
+    assert summary["registered_version"] == v.version
+    # a retried stage (same run, same weights: the checkpoint is at the last step) registers no duplicate
+    again = stages.train(cfg, "grpo")
+    assert again["registered_version"] == v.version
+    assert len(client.search_model_versions("name = 'dots-grpo'")) == 1
+    # the README's way to load a registered version
+    mlflow.set_tracking_uri(mlflow_server)
+    local = mlflow.artifacts.download_artifacts(artifact_uri="models:/dots-grpo/1", dst_path=str(tmp_path))
+    model = AutoModelForCausalLM.from_pretrained(local)
+    exported = AutoModelForCausalLM.from_pretrained(stages.paths(cfg).model("grpo"))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), exported.state_dict().values()))
+
+
+def test_evaluate_stage_scores_the_export_and_compare_writes_time_to_target_per_run(trained, mlflow_server):
+    from mlflow.tracking import MlflowClient
+
+    cfg, summary = trained
+    out = stages.evaluate(cfg, "grpo")
+    task = out["heldout"]["task"]
+    assert task["questions"] == cfg.task.eval_size
+    for key in ("greedy_accuracy", "pass@2", "mean@2"):
+        assert 0.0 <= task[key] <= 1.0, key
+    assert task["pass@2"] >= task["mean@2"]  # solved by one of two samples >= mean of the two
+    written = json.loads(stages.paths(cfg).evaluation("grpo").read_text())
+    assert written["heldout"]["task"]["greedy_accuracy"] == task["greedy_accuracy"]
+    client = MlflowClient(mlflow_server)
+    run_id = client.search_model_versions("name = 'dots-grpo'")[0].run_id
+    metrics = client.get_run(run_id).data.metrics
+    assert metrics["heldout/task/greedy_accuracy"] == pytest.approx(task["greedy_accuracy"])
+    assert metrics["heldout/task/mean_at_2"] == pytest.approx(task["mean@2"])
+    assert metrics["heldout/task/pass_at_2"] == pytest.approx(task["pass@2"])
+
+    comparison = stages.compare(cfg, ["grpo"])
+    row = comparison["rows"][0]
+    assert row["heldout"]["heldout/task/greedy_accuracy"] == pytest.approx(task["greedy_accuracy"])
+    run = client.get_run(run_id)
+    assert run.data.metrics["target_accuracy"] == pytest.approx(comparison["target_accuracy"])
+    assert run.data.metrics["time_to_target_s"] == pytest.approx(row["time_to_target_s"])  # grpo reaches its own
+    assert run.data.metrics["steps_to_target"] == row["steps_to_target"]
+    assert run.data.tags["reached_target"] == "true"
+    version = client.search_model_versions("name = 'dots-grpo'")[0]
+    assert float(version.tags["time_to_target_s"]) == pytest.approx(row["time_to_target_s"])
+
+
+def test_evaluate_refuses_a_method_without_an_export(trained):
+    cfg, _ = trained
+    with pytest.raises(FileNotFoundError, match="dots train --method dots"):
+        stages.evaluate(cfg, "dots")
