@@ -92,7 +92,7 @@ def test_a_failing_stage_raises_with_the_tail_and_a_timeout_kills_it(tmp_path):
     repo2 = _dvc_repo(tmp_path / "repo2", f"{sys.executable} {tmp_path / 'stage.py'}")
     start = time.perf_counter()
     with pytest.raises(subprocess.TimeoutExpired):
-        versioning.dvc(["repro", "--single-item", "slow"], repo2, timeout=8)
+        versioning.dvc(["repro", "--single-item", "slow"], repo2, timeout=5)
     assert time.perf_counter() - start < 30  # the stage under dvc was killed too (it holds the pipe)
 
 
