@@ -7,26 +7,43 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
 from dots import stages
+from dots.cli import main
 from dots.config import ConfigError, load_config
+from dots.evaluation import task_io
+from dots.memory_plan import GiB, plan_for
 from dots.models import build_model, build_tokenizer, save_policy
 
-from .conftest import REPO
+from .conftest import REPO, SHARED_DATA, require_shared
 from .test_cli import SMALL
 
+PROFILE = REPO / "configs" / "qwen2.5-math-1.5b-deepscaler.yaml"
 
-def test_the_gpu_profile_config_is_valid_and_has_the_papers_settings():
-    cfg = load_config(REPO / "configs" / "qwen2.5-math-1.5b-deepscaler.yaml")
-    assert cfg.model.pretrained == "Qwen/Qwen2.5-Math-1.5B" and cfg.model.dtype == "bfloat16"
-    assert cfg.embed.backbone == "hf:Qwen/Qwen2.5-Math-1.5B-Instruct"
-    assert cfg.task.source == "dataset" and cfg.task.dataset["path"].endswith("deepscaler.parquet")
-    assert (cfg.train.batch_size, cfg.rollout.group_size, cfg.selection.ref_size) == (512, 8, 256)
-    assert (cfg.replay.delta, cfg.replay.capacity, cfg.selection.alpha) == (0.5, 512, 0.5)
-    assert (cfg.train.lr, cfg.loss.clip_eps, cfg.rollout.temperature) == (1e-6, 0.2, 0.6)
-    assert cfg.rollout.max_new_tokens == 3072 and cfg.rollout.engine == "vllm"
-    assert cfg.reward.name == "math_verify" and cfg.task.prompt_template == "chat"
+
+def test_the_gpu_profile_validates_and_dots_plan_fits_it_on_one_80gb_gpu(monkeypatch, capsys):
+    monkeypatch.chdir(REPO)  # the profile's paths (plan_config, the dataset) are relative to the repository
+    cfg = load_config(PROFILE)  # every field and cross-field check passes
+    assert main(["plan", "-p", str(PROFILE), "-S", "train.memory_gb=80"]) == 0
+    assert "fits" in capsys.readouterr().out
+    plan, _ = plan_for(load_config(PROFILE, ["train.memory_gb=80"]))
+    assert plan.peak < 80 * GiB
+
+
+def test_the_gpu_profile_reads_its_dataset_with_its_reward_and_drops_what_it_cannot_parse(tmp_path, monkeypatch):
+    """prepare with the profile's own dataset spec and reward, on the first 3,000 DeepScaleR rows: the two
+    ground truths math-verify cannot parse there (rows 2586 and 2736) are dropped and reported, and the
+    rest split into the profile's held-out size and a pool."""
+    require_shared(SHARED_DATA / "deepscaler.parquet")
+    monkeypatch.chdir(REPO)
+    cfg = load_config(PROFILE, [f"paths.root={tmp_path / 'artifacts'}", "task.dataset.limit=3000"])
+    assert (REPO / cfg.task.dataset["path"]).resolve() == (SHARED_DATA / "deepscaler.parquet").resolve()
+    info = stages.prepare(cfg)
+    assert info["dropped"] == {"rows": 2, "ids": [2586, 2736]}
+    assert info["eval"] == cfg.task.eval_size and info["pool"] + info["eval"] == 3000 - 2
+    pool, held = stages.load_data(cfg)
+    assert {q.id for q in pool}.isdisjoint({q.id for q in held})
+    assert {2586, 2736}.isdisjoint({q.id for q in pool + held})
 
 
 def test_pretrained_policy_needs_a_real_backbone_and_final_labels():
@@ -82,10 +99,9 @@ def test_math_verify_scores_a_whole_step_in_one_batch():
     import torch
 
     from dots.data import Question
-    from dots.evaluation import task_io
     from dots.rollout import Group
 
-    cfg = load_config(REPO / "configs" / "qwen2.5-math-1.5b-deepscaler.yaml")
+    cfg = load_config(PROFILE)
     io = task_io(cfg)
     assert io.batch_reward is not None
     qs = [Question(0, "1/2 + 1/4 = ?", "\\frac{3}{4}"), Question(1, "2^{10} = ?", "1024")]

@@ -62,12 +62,6 @@ def test_capacity_must_be_positive():
         ReplayBuffer(0)
 
 
-def test_staleness():
-    groups = [make_group(INFORMATIVE, qid=0, version=2), make_group(INFORMATIVE, qid=1, version=5)]
-    assert ReplayBuffer.staleness(groups, 7) == [5, 2]
-    assert ReplayBuffer.staleness([], 7) == []
-
-
 def test_sample_without_replacement():
     buf = ReplayBuffer(16)
     for q in range(10):
@@ -154,3 +148,29 @@ def test_trainer_generates_the_shortfall_fresh(tiny_pipeline, tmp_path):
     assert seen[1][2] and set(seen[1][2]) == {0}
     assert records[1]["replay/staleness_max"] == 1
     assert max(r["replay/staleness_max"] for r in records) <= 3
+
+
+def test_reported_staleness_counts_the_policy_versions_behind(tiny_pipeline, tmp_path):
+    """Groups of known behaviour versions in the buffer of a trainer whose policy is at version 5
+    (five updates done): the step's record must say how many versions each replayed group is behind
+    the policy that generates this step's fresh groups."""
+    cfg = tiny_config(tiny_pipeline.root, "replay.delta=0.5", "replay.recency=0")
+    pool, held = stages.load_data(cfg)
+    trainer = Trainer(cfg, "rr", stages.paths(cfg).policy, pool, held, tmp_path / "rr", resume=False)
+    for qid, version in enumerate((1, 2, 4)):
+        assert trainer.buffer.add(make_group(INFORMATIVE, qid=qid, version=version))
+    trainer.step = 5
+    seen = {}
+
+    def no_update(groups, replayed):  # only the accounting is under test: skip the gradient step
+        seen["fresh"] = [g.version for g in groups if all(g is not r for r in replayed)]
+        seen["replayed"] = sorted(g.version for g in replayed)
+        return 0.0, {}
+
+    trainer._update = no_update
+    rec = trainer.train_step()
+    assert seen["replayed"] == [1, 2, 4]  # all three drawn (the step replays up to (1 − δ)·B)
+    assert set(seen["fresh"]) == {5}  # this step's fresh groups come from policy version 5
+    assert rec["replay/staleness_max"] == 5 - 1
+    assert rec["replay/staleness_mean"] == pytest.approx(((5 - 1) + (5 - 2) + (5 - 4)) / 3)
+    assert rec["train/policy_version"] == 6

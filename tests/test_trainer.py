@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -33,6 +34,16 @@ def test_three_steps_change_the_policy_and_record_section4_names(tiny_pipeline, 
     cfg, trainer = _trainer(tiny_pipeline, pipeline_data, method, tmp_path / method, "train.steps=3",
                             "eval.every=3", "train.checkpoint_every=3")
     before = {k: v.clone() for k, v in load_policy(stages.paths(cfg).policy)[0].state_dict().items()}
+    outside = []  # each step's wall-clock, timed around train_step from outside the trainer
+    step = trainer.train_step
+
+    def timed_step():
+        start = time.perf_counter()
+        rec = step()
+        outside.append(time.perf_counter() - start)
+        return rec
+
+    trainer.train_step = timed_step
     result = trainer.run()
     after = trainer.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "the policy did not move"
@@ -40,7 +51,13 @@ def test_three_steps_change_the_policy_and_record_section4_names(tiny_pipeline, 
     records = result.records
     assert [r["step"] for r in records] == [1, 2, 3]
     elapsed = [r["time/elapsed_s"] for r in records]
-    assert elapsed == sorted(elapsed) and elapsed[0] > 0
+    steps = [r["time/step_s"] for r in records]
+    # the training clock is the sum of the steps (evaluations stand outside it) ...
+    assert elapsed == pytest.approx([sum(steps[: k + 1]) for k in range(len(steps))])
+    # ... and a step's time is the time train_step took, not a part of it nor more than it
+    assert len(outside) == 3
+    for inner, outer in zip(steps, outside):
+        assert 0.5 * outer < inner <= outer, (inner, outer)
     for rec in records:
         for name in BASE_NAMES:
             assert name in rec and rec[name] is not None, (method, rec["step"], name)
@@ -48,7 +65,9 @@ def test_three_steps_change_the_policy_and_record_section4_names(tiny_pipeline, 
         assert rec["train/policy_version"] == rec["step"]
         assert 0.0 <= rec["train/effective_ratio"] <= 1.0
         assert 0.0 <= rec["train/reward_mean"] <= 1.0
-        assert rec["time/step_s"] >= rec["time/rollout_s"]
+        # rollout, update and selection are disjoint spans inside the step, each measured
+        parts = rec["time/rollout_s"] + rec["time/update_s"] + rec["time/select_s"]
+        assert rec["time/step_s"] >= parts and rec["time/rollout_s"] > 0 and rec["time/update_s"] > 0, rec
         has_replay = any(k.startswith("replay/") for k in rec)
         has_dots = any(k.startswith("dots/") for k in rec)
         assert has_replay == (method in ("rr", "dots_rr"))
