@@ -1,5 +1,5 @@
 """The whole pipeline as one Prefect flow: version data → warm-up → embed → label → fit
-predictor → train each of `train.methods` → compare (MLflow parent run + children).
+predictor → train and evaluate each of `train.methods` → compare (MLflow parent run + children).
 
 Every task runs its DVC stage, so this flow and `dvc repro` produce the same artifacts and
 dvc.lock. Overrides (dotted keys, validated first) are written into params.yaml for the run,
@@ -46,6 +46,7 @@ def pipeline(repo: str = ".", overrides: list[str] | None = None, remote: str | 
         version = prepare_models(repo, env, remote)
         for method in cfg.train.methods:
             stages.train(repo, method, env)
+            stages.evaluate(repo, method, env)
         stages.compare(repo, env)
     get_run_logger().info("pipeline done: data %s, methods %s", version, cfg.train.methods)
     return json.loads((Path(repo) / cfg.paths.root / "compare" / "comparison.json").read_text())

@@ -1,5 +1,6 @@
 """One training run as a Prefect flow: bring the upstream stages up to date (DVC skips what
-has not changed), then train one method. A retried train task resumes from its checkpoint."""
+has not changed), then train and evaluate one method. A retried train task resumes from its
+checkpoint."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def train_run(method: str = "dots_rr", repo: str = ".", overrides: list[str] | N
         env = run_env()
         prepare_models(repo, env)
         stages.train(repo, method, env)
+        stages.evaluate(repo, method, env)
     return json.loads((Path(repo) / cfg.paths.root / "runs" / method / "summary.json").read_text())
 
 

@@ -107,6 +107,13 @@ def train(repo: str, method: str, env: dict | None = None) -> str:
     return _repro(f"train@{method}", repo, env)
 
 
+@task(name="evaluate", task_run_name="evaluate-{method}", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE,
+      timeout_seconds=6 * 3600)
+def evaluate(repo: str, method: str, env: dict | None = None) -> str:
+    """The exported policy on the held-out sets (evaluate@<method>); a retry simply runs it again."""
+    return _repro(f"evaluate@{method}", repo, env)
+
+
 @task(name="compare", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
 def compare(repo: str, env: dict | None = None) -> str:
     return _repro("compare", repo, env)

@@ -93,7 +93,8 @@ def test_flow_completes_after_a_retried_task(flow_repo):
     assert calls["compare"] == 2  # failed once, retried, succeeded
     assert {r["method"] for r in comparison["rows"]} == {"grpo", "dots_rr"}
     for name in ("compare/comparison.json", "compare/table.md", "compare/learning_curve.png",
-                 "runs/grpo/summary.json", "runs/dots_rr/records.jsonl", "predictor/metrics.json"):
+                 "runs/grpo/summary.json", "runs/dots_rr/records.jsonl", "predictor/metrics.json",
+                 "runs/grpo/model/model.safetensors", "evaluations/dots_rr/metrics.json"):
         assert (repo / "artifacts" / name).exists(), name
     assert versioning.data_version(repo)  # dvc.lock records the data's hash
     assert any((repo.parent / "repo-remote").rglob("*")), "the data was pushed to the DVC remote"
@@ -117,7 +118,22 @@ def test_changing_a_selection_param_reruns_only_what_depends_on_it(flow_repo, tm
     assert set(status) == {"train@grpo", "train@dots_rr"}, status  # changed directly
     out = versioning.dvc(["repro"], clone)
     ran = set(re.findall(r"Running stage '([^']+)'", out))
-    assert ran == {"train@grpo", "train@dots_rr", "compare"}, out  # and downstream of them, compare only
+    # and downstream of them only: the evaluation of a model whose weights moved, and compare
+    assert {"train@grpo", "train@dots_rr", "compare"} <= ran <= {"train@grpo", "train@dots_rr", "evaluate@grpo",
+                                                                 "evaluate@dots_rr", "compare"}, out
+
+
+def test_changing_only_evaluation_params_reruns_only_evaluation(flow_repo, tmp_path):
+    repo, _, _ = flow_repo
+    clone = tmp_path / "clone"
+    shutil.copytree(repo, clone, symlinks=True)
+    versioning.set_params(["evaluate.samples=1"], clone)
+    status = json.loads(versioning.dvc(["status", "--json"], clone).strip().splitlines()[-1])
+    assert set(status) == {"evaluate@grpo", "evaluate@dots_rr"}, status
+    out = versioning.dvc(["repro"], clone)
+    assert set(re.findall(r"Running stage '([^']+)'", out)) == {"evaluate@grpo", "evaluate@dots_rr", "compare"}, out
+    metrics = json.loads((clone / "artifacts" / "evaluations" / "grpo" / "metrics.json").read_text())
+    assert "pass@1" in metrics["heldout"]["task"]
 
 
 def test_set_params_refuses_bad_values_and_leaves_the_file_alone(flow_repo):
