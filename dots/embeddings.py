@@ -41,7 +41,7 @@ def masked_mean_embeddings(model, tokenizer, texts: list[str], batch_size: int =
     `pooling="mean+last"`, (N, 2D): the mean beside the last token's state. A causal LM's last
     prompt token has read the whole question and is what predicts the answer's first token,
     so it carries what the policy makes of the question; on the embedded task it lifted the
-    predictor's held-out Pearson from 0.60 to 0.84 (README, "Benchmark")."""
+    predictor's held-out Pearson from 0.60 to 0.84 (docs/benchmark.md)."""
     if pooling not in ("mean", "mean+last"):
         raise ValueError(f"embed.pooling: {pooling!r}; allowed: mean, mean+last")
     model.eval()

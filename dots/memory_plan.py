@@ -21,7 +21,7 @@ block about 8·hidden + 2·kv + 4·intermediate elements, for GPT-2 the same for
 its 4·hidden MLP; with activation checkpointing only each block's input (hidden) plus one
 block's full set. Attention is assumed fused (no seq² matrix: SDPA's flash or
 memory-efficient kernels on GPU). `scripts/memory_probe.py` measures the real peak beside
-this estimate (README, "Memory").
+this estimate (docs/gpu.md, "Memory").
 """
 
 from __future__ import annotations

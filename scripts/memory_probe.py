@@ -10,7 +10,7 @@ measured peak beside `dots.memory_plan.estimate` for the same params.
 CPU peak: the process's peak resident memory less its resident memory before the model was
 built. GPU peak: torch.cuda.max_memory_allocated (plus the plan's CUDA context is not in it).
 
-    .venv/bin/python scripts/memory_probe.py                  # the CPU sweeps in the README
+    .venv/bin/python scripts/memory_probe.py                  # the CPU sweeps in docs/gpu.md
     .venv/bin/python scripts/memory_probe.py --gpu            # Qwen2.5-1.5B shapes on a GPU
 """
 

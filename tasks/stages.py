@@ -1,5 +1,5 @@
 """Prefect tasks, one per pipeline stage. Each runs its DVC stage (`dots.versioning.repro`),
-so the lineage is DVC's whatever started the run (see README, "One lineage").
+so the lineage is DVC's whatever started the run (see docs/pipeline.md, "One lineage: DVC").
 
 - storage and tracking steps retry (a remote or MLflow store can fail transiently);
 - embed and fit_predictor are cached on their inputs (params, upstream hashes, code);

@@ -117,7 +117,7 @@ def test_the_model_is_registered_once_with_its_tags_and_loads_from_the_registry(
     again = stages.train(cfg, "grpo")
     assert again["registered_version"] == v.version
     assert len(client.search_model_versions("name = 'dots-grpo'")) == 1
-    # the README's way to load a registered version
+    # the documented way to load a registered version (docs/pipeline.md)
     mlflow.set_tracking_uri(mlflow_server)
     local = mlflow.artifacts.download_artifacts(artifact_uri="models:/dots-grpo/1", dst_path=str(tmp_path))
     model = AutoModelForCausalLM.from_pretrained(local)
