@@ -4,6 +4,10 @@ figures rather than claims.
 
     python -m dots.reliability [results/reliability.json]     # print the table
 
+The test suite writes its ledger under pytest's temporary folder (it prints the path) and leaves
+the repository alone; to refresh the README's figures, run it with
+``DOTS_RELIABILITY_LEDGER=results/reliability.json pytest tests/test_faults.py``.
+
 Row kinds: `kill` (a SIGKILL injected at a fault point, then a retry), `chain` (one training
 run killed and retried until done, compared with an uninterrupted run of the same seed),
 `bad_input` (a bad dataset, param, cache or checkpoint), `service` (MLflow or S3 down),

@@ -13,8 +13,10 @@
   artifact store that is down is a clear error with the local files kept.
 - Secrets: S3 keys, tracking tokens and URI passwords appear nowhere a run writes.
 
-Every case appends its outcome to results/reliability.json (`python -m dots.reliability`
-prints the README's table from it). Mid-run tracking faults, wrong S3 credentials, missing
+Every case appends its outcome to a reliability ledger (`python -m dots.reliability PATH` prints
+the README's table from it). The ledger lives in the session's temporary folder, so a test run
+writes nothing into the repository; DOTS_RELIABILITY_LEDGER=results/reliability.json writes it
+there on purpose, to refresh the README's figures. Mid-run tracking faults, wrong S3 credentials, missing
 buckets and hanging reward checks are covered in test_pipeline.py and test_rewards.py.
 """
 
@@ -43,7 +45,7 @@ from dots.checkpoints import UnsafeFileError, load_tensors
 
 from .conftest import REPO, tiny_overrides
 
-LEDGER = REPO / reliability.LEDGER
+REPO_LEDGER = REPO / reliability.LEDGER  # the README's copy: written only when asked for
 METHOD = "dots_rr"
 CHAIN = ["train.steps=6", "train.checkpoint_every=2", "eval.every=3", "tracking.enabled=true",
          "tracking.log_every=1", "tracking.experiment=faults"]
@@ -54,10 +56,24 @@ URI_PASSWORD = "hunter2-uri-password"
 DATASET_URL = f"task.dataset.path=https://alice:{URI_PASSWORD}@data.example.com/pool.parquet"  # logged, not read
 
 
+def _file_state(path: Path) -> tuple[int, int, str] | None:
+    return (path.stat().st_mtime_ns, path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()) \
+        if path.exists() else None
+
+
+REPO_LEDGER_BEFORE: dict[str, tuple | None] = {}
+
+
 @pytest.fixture(scope="module", autouse=True)
-def ledger():
-    reliability.start(LEDGER, started=time.strftime("%Y-%m-%d %H:%M:%S"), command="pytest tests/test_faults.py")
-    return LEDGER
+def ledger(tmp_path_factory):
+    """Where this module's cases record their outcome: a temporary file unless DOTS_RELIABILITY_LEDGER
+    names one (relative to the repository)."""
+    asked = os.environ.get("DOTS_RELIABILITY_LEDGER")
+    path = REPO / asked if asked else tmp_path_factory.mktemp("reliability") / "reliability.json"
+    REPO_LEDGER_BEFORE.setdefault("state", _file_state(REPO_LEDGER))
+    reliability.start(path, started=time.strftime("%Y-%m-%d %H:%M:%S"), command="pytest tests/test_faults.py")
+    yield path
+    print(f"\nreliability ledger: {path} (python -m dots.reliability {path})")
 
 
 def _inputs(tiny_pipeline, root: Path) -> Path:
@@ -283,7 +299,8 @@ def _dataset(kind: str):
             return
         bad = {"missing field": lambda r: r.pop("answer"), "empty string": lambda r: r.update(question=""),
                "wrong type": lambda r: r.update(answer=[1, 2]), "duplicate id": lambda r: r.update(id=3),
-               "NaN": lambda r: r.update(answer=math.nan)}[kind]
+               "NaN": lambda r: r.update(answer=math.nan), "'nan' string": lambda r: r.update(answer="nan"),
+               "unparseable LaTeX": lambda r: r.update(answer="7\\sqrt{2}.")}[kind]
         bad(rows[7])
         _jsonl(path, rows)
     return plant
@@ -343,7 +360,10 @@ def _nothing(root: Path) -> None:
 BAD = [
     *[(f"dataset: {k}", "prepare", _dataset_args(), _dataset(k), ["bad.jsonl", "row 7", col])
       for k, col in [("missing field", "answer"), ("empty string", "question"), ("wrong type", "answer"),
-                     ("duplicate id", "duplicate id 3"), ("NaN", "NaN"), ("non-UTF-8 bytes", "UTF-8")]],
+                     ("duplicate id", "duplicate id 3"), ("NaN", "NaN"), ("non-UTF-8 bytes", "UTF-8"),
+                     ("'nan' string", "null placeholder")]],
+    ("dataset: ground truth math-verify cannot parse", "prepare", [*_dataset_args(), "reward.name=math_verify"],
+     _dataset("unparseable LaTeX"), ["bad.jsonl", "row 7", "math-verify cannot parse it", "unparseable: drop"]),
     ("dataset: truncated parquet", "prepare", _dataset_args("bad.parquet"), _dataset("truncated parquet"),
      ["bad.parquet", "not a readable parquet file"]),
     ("param: out of range", "train", ["replay.delta=1.5"], _nothing, ["replay.delta", "(0, 1]"]),
@@ -518,3 +538,11 @@ def test_flow_overrides_cannot_move_outputs_out_of_the_repo(tmp_path, ledger):
     reliability.record(ledger, kind="bad_input", case="flow override: paths.root outside the repo", clear=clear,
                        bytes_lost=lost, message=str(err.value)[:300])
     assert clear and lost == 0
+
+
+def test_the_suite_wrote_nothing_into_the_repository(ledger):
+    """Runs last in this module: the README's ledger was left alone unless it was asked for."""
+    if os.environ.get("DOTS_RELIABILITY_LEDGER"):
+        pytest.skip("DOTS_RELIABILITY_LEDGER set: the ledger was written where asked")
+    assert ledger != REPO_LEDGER and REPO not in ledger.parents
+    assert _file_state(REPO_LEDGER) == REPO_LEDGER_BEFORE["state"], f"{REPO_LEDGER} was written by the tests"
