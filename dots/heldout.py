@@ -36,7 +36,8 @@ def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path,
     """Greedy accuracy (and pass@G, mean@G when `samples` = G > 0) of a policy on a held-out set."""
     from .datasets import load_pool  # noqa: PLC0415
 
-    questions = load_pool(data)  # every row validated before any model loads
+    # every row validated, ground truths parsed as the reward parses them, before any model loads
+    questions = load_pool(data, reward=cfg.reward.name, timeout_s=cfg.reward.timeout_s)
     start = time.perf_counter()
     setup_from_config(cfg)
     source = policy
