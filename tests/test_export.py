@@ -118,8 +118,9 @@ def test_the_model_is_registered_once_with_its_tags_and_loads_from_the_registry(
     assert again["registered_version"] == v.version
     assert len(client.search_model_versions("name = 'dots-grpo'")) == 1
     # the documented way to load a registered version (docs/pipeline.md)
-    mlflow.set_tracking_uri(mlflow_server)
-    local = mlflow.artifacts.download_artifacts(artifact_uri="models:/dots-grpo/1", dst_path=str(tmp_path))
+    # (no mlflow.set_tracking_uri here: it exports MLFLOW_TRACKING_URI to every later test's subprocesses)
+    local = mlflow.artifacts.download_artifacts(artifact_uri="models:/dots-grpo/1", dst_path=str(tmp_path),
+                                                tracking_uri=mlflow_server, registry_uri=mlflow_server)
     model = AutoModelForCausalLM.from_pretrained(local)
     exported = AutoModelForCausalLM.from_pretrained(stages.paths(cfg).model("grpo"))
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), exported.state_dict().values()))
