@@ -133,3 +133,18 @@ def mlflow_runs(db: str | Path):
     client = MlflowClient(f"sqlite:///{db}")
     exp = client.get_experiment_by_name("dots")
     return client, client.search_runs([exp.experiment_id])
+
+
+@pytest.fixture(autouse=True)
+def _tracking_uri_unchanged():
+    """A test must not leave MLFLOW_TRACKING_URI behind (mlflow.set_tracking_uri exports it): every
+    later stage process would log to that store, a server perhaps already stopped."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    after = os.environ.get("MLFLOW_TRACKING_URI")
+    if after != before:
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
+        pytest.fail(f"the test left MLFLOW_TRACKING_URI={after!r} in the environment (was {before!r})")

@@ -5,6 +5,7 @@ compare writes time-to-target onto each method's own run and registered version.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -101,7 +102,6 @@ def test_exported_folder_loads_with_plain_transformers_and_answers_as_the_traine
 
 
 def test_the_model_is_registered_once_with_its_tags_and_loads_from_the_registry(trained, mlflow_server, tmp_path):
-    import mlflow
     from mlflow.tracking import MlflowClient
 
     cfg, summary = trained
@@ -117,11 +117,18 @@ def test_the_model_is_registered_once_with_its_tags_and_loads_from_the_registry(
     again = stages.train(cfg, "grpo")
     assert again["registered_version"] == v.version
     assert len(client.search_model_versions("name = 'dots-grpo'")) == 1
-    # the documented way to load a registered version (docs/pipeline.md)
-    # (no mlflow.set_tracking_uri here: it exports MLFLOW_TRACKING_URI to every later test's subprocesses)
-    local = mlflow.artifacts.download_artifacts(artifact_uri="models:/dots-grpo/1", dst_path=str(tmp_path),
-                                                tracking_uri=mlflow_server, registry_uri=mlflow_server)
-    model = AutoModelForCausalLM.from_pretrained(local)
+    # the documented way to load a registered version (docs/pipeline.md), in its own process: the
+    # tracking URI in the environment, as a user sets it (mlflow.set_tracking_uri in this process
+    # would export it to every later test's stage processes)
+    script = ("import mlflow, sys\n"
+              "from transformers import AutoModelForCausalLM\n"
+              "path = mlflow.artifacts.download_artifacts(artifact_uri='models:/dots-grpo/1', dst_path=sys.argv[1])\n"
+              "AutoModelForCausalLM.from_pretrained(path)\n"
+              "print(path)\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model = AutoModelForCausalLM.from_pretrained(proc.stdout.strip().splitlines()[-1])
     exported = AutoModelForCausalLM.from_pretrained(stages.paths(cfg).model("grpo"))
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), exported.state_dict().values()))
 
