@@ -129,6 +129,14 @@ def shared_prompt_logits(model: torch.nn.Module, input_ids: torch.Tensor, attent
         model.transformer.wte.weight.t()
 
 
+def activation_checkpointing_on(model) -> bool:
+    """Whether the model's activation checkpointing is on (`dots.models.enable_activation_checkpointing`),
+    under either transformers name (is_activation_checkpointing, or is_gradient_checkpointing before 5.2x)."""
+    if isinstance(getattr(type(model), "is_activation_checkpointing", None), property):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
+
+
 def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          position_ids: torch.Tensor, prompt_width: int) -> torch.Tensor:
     """Final hidden states (after the last LayerNorm) at the positions that predict each
@@ -172,7 +180,7 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
                                              attn_mask=mask_r, scale=scale)
         return _finish(block, h, op, eps, n_embd), _finish(block, r, orr, eps, n_embd)
 
-    recompute = getattr(model, "is_activation_checkpointing", False) and model.training and torch.is_grad_enabled()
+    recompute = activation_checkpointing_on(model) and model.training and torch.is_grad_enabled()
     for block in tr.h:
         if recompute:
             h, r = checkpoint(run_block, block, h, r, use_reentrant=False)

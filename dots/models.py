@@ -80,3 +80,12 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def enable_activation_checkpointing(model) -> None:
+    """Recompute each block's activations in the backward pass (train.gradient_checkpointing).
+    transformers >= 5.2x calls it `activation_checkpointing_enable`; older releases (4.x, the
+    GPU image's 5.17) only have `gradient_checkpointing_enable`, the same switch."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

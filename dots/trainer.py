@@ -43,7 +43,7 @@ from .embeddings import backbone_identity
 from .evaluation import greedy_accuracy, pass_rates, task_io
 from .faults import fault_point
 from .update import trained_groups, update_on_groups  # noqa: F401  (re-exported)
-from .models import load_policy, resolve_device
+from .models import enable_activation_checkpointing, load_policy, resolve_device
 from .predictor import DifficultyPredictor
 from .predictor_training import pearson
 from .progress import say
@@ -74,7 +74,7 @@ class Trainer:
         self.model, self.tokenizer = load_policy(policy_dir, dtype)
         self.model.to(self.device)
         if cfg.train.gradient_checkpointing:
-            self.model.activation_checkpointing_enable({"use_reentrant": False})
+            enable_activation_checkpointing(self.model)
         # train.fsdp under torchrun: weights, gradients and AdamW states sharded over the ranks (FSDP2),
         # before the engine and the optimizer see the parameters
         self.sharded = cfg.train.fsdp and self.dist.enabled

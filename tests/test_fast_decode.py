@@ -95,3 +95,30 @@ def test_shared_prompt_logprobs_and_gradients_match_the_plain_forward(policy):
     for x, y in zip(ga, gb):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
     model.zero_grad(set_to_none=True)
+
+
+
+def test_activation_checkpointing_under_both_transformers_names():
+    """train.gradient_checkpointing works with transformers releases that only know the old name
+    (gradient_checkpointing_enable / is_gradient_checkpointing, e.g. the GPU image's 5.17)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from dots.fast_decode import activation_checkpointing_on
+    from dots.models import enable_activation_checkpointing
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=16, n_embd=8, n_layer=1, n_head=2,
+                                       bos_token_id=0, eos_token_id=0))
+    assert not activation_checkpointing_on(model)
+    enable_activation_checkpointing(model)  # this release's name
+    assert activation_checkpointing_on(model) and model.is_activation_checkpointing
+
+    class OlderTransformersModel:  # the old API only, as a release before 5.2x has it
+        is_gradient_checkpointing = False
+
+        def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+            self.kwargs, self.is_gradient_checkpointing = gradient_checkpointing_kwargs, True
+
+    old = OlderTransformersModel()
+    assert not activation_checkpointing_on(old)
+    enable_activation_checkpointing(old)
+    assert activation_checkpointing_on(old) and old.kwargs == {"use_reentrant": False}

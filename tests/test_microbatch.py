@@ -13,7 +13,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from dots.config import ModelConfig, load_config
 from dots.loss import collate, token_logprobs
 from dots.microbatch import collate_rows, pack
-from dots.models import build_model, build_tokenizer
+from dots.models import build_model, build_tokenizer, enable_activation_checkpointing
 from dots.rollout import Group
 from dots.update import update_on_groups
 
@@ -70,7 +70,7 @@ def run_update(model, groups, replayed, budget, chunk=8192, checkpointing=False)
                              "rollout.temperature=0.7"])
     model.train()
     if checkpointing:
-        model.activation_checkpointing_enable({"use_reentrant": False})
+        enable_activation_checkpointing(model)  # as the trainer does
     opt = GradientRecorder(model.parameters())
     try:
         loss, stats = update_on_groups(model, opt, groups, cfg, PAD, replayed=replayed)
