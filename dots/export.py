@@ -14,6 +14,8 @@ import json
 import shutil
 from pathlib import Path
 
+from .models import save_policy
+
 INFO = "dots.json"
 
 
@@ -38,9 +40,7 @@ def write_model_folder(model, tokenizer, path: str | Path, state_dict: dict | No
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
+    save_policy(model, tokenizer, tmp, state_dict)
     meta = {**(info or {}), "weights_sha256": weights_digest(tmp)}
     (tmp / INFO).write_text(json.dumps(meta, indent=1) + "\n")
     old = path.with_name(f".{path.name}.old")

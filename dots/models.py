@@ -48,10 +48,12 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int 
     return model
 
 
-def save_policy(model, tokenizer, path: str | Path) -> None:
+def save_policy(model, tokenizer, path: str | Path, state_dict: dict | None = None) -> None:
+    """save_pretrained of model (safetensors; `state_dict`: weights gathered elsewhere, e.g. under
+    FSDP) and tokenizer into `path`."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
+    model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
     tokenizer.save_pretrained(path)
 
 

@@ -359,8 +359,7 @@ def evaluate(cfg: Config, method: str | None = None) -> dict:
     for name, questions in sets.items():
         results[name] = {"questions": len(questions),
                          **score(cfg, engine, tok, questions, cfg.evaluate.samples, cfg.evaluate.seed)}
-        say(f"evaluate {method}: {name}: " + ", ".join(f"{k} {v:.4f}" for k, v in results[name].items()
-                                                      if k.startswith(("greedy", "pass@", "mean@"))))
+        say(f"evaluate {method}: {name}: " + ", ".join(f"{k} {v:.4f}" for k, v in _scores(results[name]).items()))
     close_engine(engine)
     out = {"method": method, "model": str(folder), "seconds": time.perf_counter() - start, "heldout": results}
     _write_json(p.evaluation(method), out)
@@ -375,7 +374,12 @@ def heldout_metrics(evaluation: dict) -> dict[str, float]:
     """evaluate's results as flat metric names: heldout/<set>/<metric>, with pass@k written pass_at_k
     (MLflow allows no '@' in a metric name)."""
     return {f"heldout/{name}/{k.replace('@', '_at_')}": float(v) for name, r in evaluation["heldout"].items()
-            for k, v in r.items() if k.startswith(("greedy", "pass@", "mean@"))}
+            for k, v in _scores(r).items()}
+
+
+def _scores(result: dict) -> dict:
+    """The accuracy figures of one set's result (greedy_accuracy, pass@k, mean@k), not its counts."""
+    return {k: v for k, v in result.items() if k.startswith(("greedy", "pass@", "mean@"))}
 
 
 def compare(cfg: Config, methods: list[str] | None = None) -> dict:

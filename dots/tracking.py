@@ -141,12 +141,16 @@ class Tracker:
         self._log_params(run.info.run_id)
         return run.info.run_id
 
+    def find_child(self, method: str, seed: int | None = None) -> Any | None:
+        """The pipeline's training run of `method` (of `seed`, in a benchmark), or None."""
+        by_seed = "" if seed is None else f" and tags.seed = '{seed}'"
+        return self._find(f"and tags.method = '{method}' and tags.`dots.role` = 'train'{by_seed}")
+
     def child(self, method: str, seed: int | None = None) -> tuple[str, int]:
         """(run id, last logged step) of the method's child run (one per seed in a benchmark),
         created when missing."""
         parent = self.parent()
-        by_seed = "" if seed is None else f" and tags.seed = '{seed}'"
-        run = self._find(f"and tags.method = '{method}' and tags.`dots.role` = 'train'{by_seed}")
+        run = self.find_child(method, seed)
         if run is not None:
             self.client.update_run(run.info.run_id, status="RUNNING")
             return run.info.run_id, int(run.data.tags.get(LOGGED_TAG, 0))
@@ -230,7 +234,7 @@ def register_model(tracker: Tracker, run_id: str, folder: Path, method: str, sum
         client.get_registered_model(name)
     except MlflowException:
         client.create_registered_model(name, description=f"dots policies trained with method {method}")
-    for v in client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'"):
+    for v in _run_versions(client, name, run_id):
         if v.tags.get("weights_sha256") == digest:
             return v.version
     artifact_uri = client.get_run(run_id).info.artifact_uri
@@ -241,12 +245,17 @@ def register_model(tracker: Tracker, run_id: str, folder: Path, method: str, sum
                                   f"{folder} ({_first_line(exc)}); the local folder is kept") from None
     source = f"{artifact_uri}/{MODEL_ARTIFACT}"
     tags = {"method": method, "data_version": tracker.data_version, "git_commit": tracker.commit,
-            "weights_sha256": digest, "dots.pipeline": tracker.pipeline}
+            "weights_sha256": digest, PIPELINE_TAG: tracker.pipeline}
     for key in ("final_accuracy", "steps"):
         if summary.get(key) is not None:
             tags[key] = str(summary[key])
     version = client.create_model_version(name, source, run_id=run_id, tags=tags)
     return version.version
+
+
+def _run_versions(client, name: str, run_id: str) -> list:
+    """The versions of registered model `name` that were registered from run `run_id`."""
+    return client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
 
 
 def tag_model_version(tracker: Tracker, run_id: str, method: str, tags: dict) -> None:
@@ -255,7 +264,7 @@ def tag_model_version(tracker: Tracker, run_id: str, method: str, tags: dict) ->
 
     name = registered_name(tracker.cfg, method)
     try:
-        versions = tracker.client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+        versions = _run_versions(tracker.client, name, run_id)
     except MlflowException:
         return  # nothing registered (tracking was off while training)
     for v in versions:
@@ -265,7 +274,7 @@ def tag_model_version(tracker: Tracker, run_id: str, method: str, tags: dict) ->
 
 def method_run(tracker: Tracker, method: str) -> str:
     """The id of the pipeline's training run of `method` (created, finished, when training was not tracked)."""
-    run = tracker._find(f"and tags.method = '{method}' and tags.`dots.role` = 'train'")
+    run = tracker.find_child(method)
     if run is not None:
         return run.info.run_id
     run_id, _ = tracker.child(method)
@@ -415,8 +424,7 @@ def log_bench(cfg: Config, result: dict, artifacts: list[Path]) -> str:
                 metrics.append(Metric(f"bench/{key}/{method}", float(value), now, 0))
     tracker.client.log_batch(parent, metrics=metrics)
     for row in result["runs"]:  # each seed's run gets its own time-to-target, against its seed's target
-        run = tracker._find(f"and tags.method = '{row['method']}' and tags.`dots.role` = 'train' "
-                            f"and tags.seed = '{row['seed']}'")
+        run = tracker.find_child(row["method"], row["seed"])
         if run is not None and row.get("target_accuracy") is not None:
             log_time_to_target(tracker, {"target_accuracy": row["target_accuracy"], "rows": [row]},
                                {row["method"]: run.info.run_id})
