@@ -83,8 +83,10 @@ def prepare_shared(cfg: Config) -> dict:
 
 # Sections a method's training does not read: a grpo run is the same run whatever the
 # selection or replay params, so variants of those reuse it instead of training it again.
-UNUSED = {"grpo": ("selection", "replay", "embed", "label", "predictor"), "dots": ("replay",),
-          "rr": ("selection", "embed", "label", "predictor"), "dots_rr": ()}
+_DOTS = ("selection", "embed", "label", "predictor")
+_PEERS = ("dapo", "greso")
+UNUSED = {"grpo": (*_DOTS, "replay", *_PEERS), "dots": ("replay", *_PEERS), "rr": (*_DOTS, *_PEERS),
+          "dots_rr": _PEERS, "dapo": (*_DOTS, "replay", "greso"), "greso": (*_DOTS, "replay", "dapo")}
 
 
 def run_fingerprint(cfg: Config, seed: int, method: str) -> str:

@@ -20,8 +20,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-METHODS = ("grpo", "dots", "rr", "dots_rr")
-Method = Literal["grpo", "dots", "rr", "dots_rr"]
+METHODS = ("grpo", "dots", "rr", "dots_rr", "dapo", "greso")
+Method = Literal["grpo", "dots", "rr", "dots_rr", "dapo", "greso"]
 
 
 class ConfigError(ValueError):
@@ -199,6 +199,30 @@ class ReplayConfig(_Section):
                                                        "uniform (the paper)")
 
 
+class DapoConfig(_Section):
+    """DAPO's dynamic sampling (method `dapo`), with the DAPO recipe's settings in verl."""
+    gen_batch_size: int = _range(1, None, default=192, desc="prompts per generation batch (verl's "
+                                                            "data.gen_batch_size; the recipe: 3 x the train batch)")
+    max_gen_batches: int = _range(0, None, default=10, desc="generation batches a step may draw before it trains "
+                                                            "on what it has (verl's max_num_gen_batches; 0: no limit)")
+
+
+class GresoConfig(_Section):
+    """GRESO's selective rollouts (method `greso`), with the GRESO paper's settings."""
+    p_easy: float = _range(0, 1, default=0.5, desc="initial exploration base for all-correct streaks")
+    p_hard: float = _range(0, 1, default=0.5, desc="initial exploration base for all-wrong streaks")
+    target_zero_variance: float = _range(0, 1, default=0.25, desc="target share of zero-variance groups among "
+                                                                  "those rolled out (1/3 easy, 2/3 hard)")
+    p_min: float = _range(0, 1, default=0.05, desc="lowest exploration base")
+    p_max: float = _range(0, 1, default=0.95, desc="highest exploration base")
+    sampling_batch_size: int = _range(1, None, default=96, desc="prompts kept per full generation batch (GRESO: "
+                                                                "384 for a 256-prompt train batch, 1.5 x)")
+    min_sampling_batch_size: int = _range(1, None, default=16, desc="smallest follow-up generation batch (GRESO: "
+                                                                    "64 for 256, a quarter of the train batch)")
+    max_gen_batches: int = _range(0, None, default=10, desc="generation batches a step may draw (0: no limit, "
+                                                            "as GRESO)")
+
+
 class LossConfig(_Section):
     clip_eps: float = _range(0, 1, lo_open=True, hi_open=True, default=0.2, desc="PPO clip epsilon")
     beta: float = _range(0, None, default=0.0, desc="KL weight against the warm-up policy (0 skips "
@@ -278,7 +302,8 @@ class EvaluateConfig(_Section):
 
 
 class TrainConfig(_Section):
-    method: Method = Field("dots_rr", description="one of grpo, dots, rr, dots_rr")
+    method: Method = Field("dots_rr", description="one of grpo, dots, rr, dots_rr, and the peer baselines dapo, "
+                                                  "greso")
     methods: list[Method] = Field(default_factory=lambda: ["grpo", "dots_rr"],
                                   description="methods `dots compare` and `make run` train side by side")
     seed: int = Field(0, description="seed of rollouts, selection and replay sampling")
@@ -338,6 +363,8 @@ class Config(_Section):
     predictor: PredictorConfig = Field(default_factory=PredictorConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    dapo: DapoConfig = Field(default_factory=DapoConfig)
+    greso: GresoConfig = Field(default_factory=GresoConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
@@ -356,6 +383,9 @@ class Config(_Section):
             ("label.num_questions", self.label.num_questions, pool, "task.pool_size"),
             ("predictor.batch_size", self.predictor.batch_size, self.label.num_questions,
              "label.num_questions"),
+            ("greso.min_sampling_batch_size", self.greso.min_sampling_batch_size, self.greso.sampling_batch_size,
+             "greso.sampling_batch_size"),
+            ("greso.p_min", self.greso.p_min, self.greso.p_max, "greso.p_max"),
         ]
         for key, value, limit, limit_key in checks:
             if value > limit:

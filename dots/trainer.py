@@ -4,6 +4,10 @@
     dots     B questions drawn ∝ exp(−|d̂−α|/τ) from the round's predictions, all fresh
     rr       uniform questions, δ·B fresh groups + (1−δ)·B replayed from the buffer
     dots_rr  DOTS questions for the fresh part + replay
+    dapo     peer baseline: DAPO's dynamic sampling, generation batches of uniform questions until
+             B groups with varied rewards are collected (`dots.dynamic_sampling`)
+    greso    peer baseline: GRESO, questions skipped before rollout by their streak of all-correct
+             or all-wrong groups (`dots.greso`), then the same dynamic sampling
 
 Every `selection.every` steps a DOTS round rolls out K reference questions with the
 current policy, predicts every other question's difficulty from their observed labels
@@ -51,6 +55,8 @@ from .replay import ReplayBuffer
 from .engines import engine_for
 from .rollout import Group
 from .selection import select_questions
+from .dynamic_sampling import collect, dapo_sizes, greso_sizes
+from .greso import SelectiveRollout
 from .runfiles import (RunResult, final_smoothed, smoothed, summarize, target_eval,  # noqa: F401
                        time_to_target, write_run_files)  # (re-exported)
 
@@ -65,6 +71,7 @@ class Trainer:
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else self.run_dir
         self.uses_dots = method in ("dots", "dots_rr")
         self.uses_replay = method in ("rr", "dots_rr")
+        self.filters_groups = method in ("dapo", "greso")  # dynamic sampling (the peer baselines)
         self.pool, self.eval_set, self.on_step = pool, eval_set, on_step
         setup_from_config(cfg)
         torch.manual_seed(cfg.train.seed)
@@ -95,6 +102,10 @@ class Trainer:
         self.gen = torch.Generator().manual_seed(cfg.train.seed)
         self.prompts = self.io.encode(self.tokenizer, pool)
         self.buffer = ReplayBuffer(cfg.replay.capacity)
+        self.greso = None
+        if method == "greso":
+            g = cfg.greso
+            self.greso = SelectiveRollout(len(pool), g.p_easy, g.p_hard, g.target_zero_variance, g.p_min, g.p_max)
         self.predictor, self.projections = predictor, None
         if self.uses_dots:
             if predictor is None or embeddings is None:
@@ -115,6 +126,7 @@ class Trainer:
         # progress; token and group counts are machine-independent costs beside the seconds
         self.step, self.elapsed = 0, 0.0
         self.totals = {"tokens_sampled": 0, "tokens_trained": 0, "groups_trained": 0}
+        self.short_steps = 0  # dynamic sampling: steps that hit the round limit short of B groups
         self._sampled = 0  # response tokens generated in the current step (counted by _rollout)
         self.probe = np.arange(min(cfg.eval.probe_size, len(pool)))  # the pool is shuffled: its head is a
         # fixed, uniform probe of the pool for the frontier diagnostic
@@ -191,7 +203,53 @@ class Trainer:
         self.ref_queue = [g for g in ref_groups if g.informative]
         rec["dots/ref_difficulty_mean"] = float(observed.mean())
 
+    def _filtered_groups(self, n: int, rec: dict, timers: dict) -> list[Group]:
+        """The peer baselines' step: generation batches of uniformly drawn questions (a permutation of
+        the pool, so none twice in a step), filtered to groups with varied rewards, until n are
+        collected or the round limit is reached (`dots.dynamic_sampling`). GRESO first skips
+        questions by their streaks and afterwards extends the streaks and adapts its bases."""
+        start = time.perf_counter()
+        rollout_s = 0.0
+
+        def rollout(idx: np.ndarray) -> list[Group]:
+            nonlocal rollout_s
+            t = time.perf_counter()
+            groups = self._rollout(idx)
+            rollout_s += time.perf_counter() - t
+            if self.greso is not None:
+                self.greso.record(groups)
+            return groups
+
+        order = self.dist.decide(lambda: self.np_rng.permutation(len(self.pool)))
+        if self.greso is None:
+            d = self.cfg.dapo
+            got = collect(n, order, dapo_sizes(d.gen_batch_size, d.max_gen_batches), rollout)
+        else:
+            g, skips = self.cfg.greso, {"skipped_easy": 0, "skipped_hard": 0, "skip_prob_sum": 0.0, "considered": 0}
+
+            def pick(candidates: np.ndarray, size: int) -> tuple[np.ndarray, int]:
+                kept, used, stats = self.dist.decide(lambda: self.greso.pick(candidates, size, self.np_rng))
+                for k, v in stats.items():
+                    skips[k] += v
+                return kept, used
+
+            got = collect(n, order, greso_sizes(n, g.sampling_batch_size, g.min_sampling_batch_size,
+                                                g.max_gen_batches), rollout, pick)
+            seen = max(got.rolled_out, 1)
+            self.greso.adapt(got.easy / seen, got.hard / seen)
+            rec.update({"greso/skipped_easy": skips["skipped_easy"], "greso/skipped_hard": skips["skipped_hard"],
+                        "greso/skip_prob_mean": skips["skip_prob_sum"] / max(skips["considered"], 1),
+                        "greso/p_easy": self.greso.p_easy, "greso/p_hard": self.greso.p_hard})
+        self.short_steps += got.short
+        rec.update(got.metrics())
+        rec["sampling/short_total"] = self.short_steps
+        timers["rollout"] += rollout_s
+        timers["select"] += time.perf_counter() - start - rollout_s
+        return got.groups
+
     def _fresh_groups(self, n: int, rec: dict, timers: dict) -> list[Group]:
+        if self.filters_groups:
+            return self._filtered_groups(n, rec, timers)
         if not self.uses_dots:
             t = time.perf_counter()
             idx = self.dist.decide(lambda: self.np_rng.choice(len(self.pool), size=n, replace=False))
@@ -365,6 +423,7 @@ class Trainer:
             "np_rng": self.np_rng.bit_generator.state, "torch_gen": self.gen.get_state(),
             "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(),
             "buffer": self.buffer.state_dict(),
+            "greso": self.greso.state_dict() if self.greso is not None else None,
             "round": {"pred": _tensor(self.round_pred), "available": _tensor(self.round_available),
                       "ref_queue": [g.__dict__.copy() for g in self.ref_queue],
                       "refs": _tensor(self.round_refs), "ref_labels": _tensor(self.round_ref_labels),
@@ -439,6 +498,8 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["py_rng"])
         self.buffer.load_state_dict(state["buffer"])
+        if self.greso is not None and state.get("greso") is not None:
+            self.greso.load_state_dict(state["greso"])
         rnd = state["round"]
         self.round_pred, self.round_available = _array(rnd["pred"]), _array(rnd["available"])
         self.ref_queue = [Group(**g) for g in rnd["ref_queue"]]
@@ -453,6 +514,7 @@ class Trainer:
             last = self.records[-1]
             self.totals = {"tokens_sampled": last["tokens/sampled_total"], "tokens_trained": last[
                 "tokens/trained_total"], "groups_trained": last["train/groups_trained_total"]}
+            self.short_steps = int(last.get("sampling/short_total", 0))
         say(f"{self.checkpoint_dir}: resuming from step {self.step}")
 
 
