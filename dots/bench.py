@@ -1,5 +1,6 @@
-"""The side-by-side benchmark (`make bench`): grpo, dots, rr and dots_rr on the embedded
-default over several seeds, interleaved, with one summary, one table and one plot.
+"""The side-by-side benchmark (`make bench`): grpo, dots, rr and dots_rr, and the peer baselines
+dapo and greso, on the embedded default over several seeds, interleaved, with one summary, one
+table and one plot.
 
 Why it is built this way:
 - Every method shares the model, pool, warm-up, predictor, batch size, learning rate and
@@ -147,10 +148,27 @@ def run_row(cfg: Config, seed: int, method: str, target: float | None) -> dict:
            "staleness": mean("replay/staleness_mean"), "dots_pearson": mean("dots/pearson"),
            "wall_s": summary.get("wall_s"), "tracking_s": summary.get("tracking_s"),
            "orchestration_s": summary.get("orchestration_s")}
+    row.update(peer_figures(run_dir))
     for part in SPLIT:
         row[f"{part}_s"] = mean(f"time/{part}_s")
     row["other_s"] = row["step_s"] - sum(row[f"{p}_s"] for p in SPLIT) if row["step_s"] is not None else None
     return row
+
+
+PEER_FIGURES = {"rollouts_per_step": "sampling/rollouts", "gen_batches": "sampling/gen_batches",
+                "short_share": "sampling/short", "skip_prob": "greso/skip_prob_mean"}
+
+
+def peer_figures(run_dir: Path) -> dict:
+    """Per-step means of the peer baselines' sampling figures, read from the run's records
+    (None for a method that does not log them)."""
+    path = run_dir / "records.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+    out = {}
+    for name, key in PEER_FIGURES.items():
+        vals = [r[key] for r in records if r.get(key) is not None]
+        out[name] = float(np.mean(vals)) if vals else None
+    return out
 
 
 def _median(vals: list) -> float | None:
@@ -165,7 +183,9 @@ def _spread(vals: list) -> list | None:
 
 MEDIAN_KEYS = ("time_to_target_s", "steps_to_target", "tokens_sampled_to_target", "tokens_trained_to_target",
                "final_accuracy", "final_smoothed", "step_s", "rollout_s", "update_s", "select_s", "other_s",
-               "effective_ratio", "staleness", "dots_pearson", "s_per_group_trained", "frontier_min")
+               "effective_ratio", "staleness", "dots_pearson", "s_per_group_trained", "frontier_min",
+               *PEER_FIGURES)
+PEERS = ("dapo", "greso")  # the peer baselines dots is measured against beside grpo
 RATIOS = (("time_to_target_s", "time_to_target_ratio"), ("steps_to_target", "steps_to_target_ratio"),
           ("tokens_sampled_to_target", "tokens_sampled_ratio"), ("tokens_trained_to_target", "tokens_trained_ratio"))
 CONFIDENCE = 0.9
@@ -205,23 +225,36 @@ def _paired_ratio(mine: float | None, base: float | None) -> float | None:
     return mine / base
 
 
+def paired_ratios(mine: list[dict], base: list[dict], key: str) -> dict:
+    """Seed-paired ratios of `key` (mine / base): their median, the per-seed values and a 90%
+    bootstrap interval of the median."""
+    by_seed = {r["seed"]: r for r in base}
+    ratios = [_paired_ratio(r[key], by_seed[r["seed"]][key] if r["seed"] in by_seed else None) for r in mine]
+    ratios = [x for x in ratios if x is not None]
+    return {"median": float(np.median(ratios)) if ratios else None, "per_seed": ratios,
+            "ci90": median_interval(ratios)}
+
+
 def summarize(rows: list[dict], methods: list[str]) -> dict:
-    """Per method: medians over seeds, their min–max spread, and seed-paired ratios to grpo."""
-    grpo = {r["seed"]: r for r in rows if r["method"] == "grpo"}
+    """Per method: medians over seeds, their min–max spread, seed-paired ratios to grpo and, where
+    the peer baselines ran, to each peer (`<ratio>_vs_<peer>`)."""
+    runs = {m: [r for r in rows if r["method"] == m] for m in methods}
+    grpo = runs.get("grpo", [])
+    peers = [p for p in PEERS if p in methods]
     out: dict[str, dict] = {}
     for m in methods:
-        mine = [r for r in rows if r["method"] == m]
+        mine = runs[m]
         stats: dict = {"seeds": [r["seed"] for r in mine],
                        "reached_target": sum(r["time_to_target_s"] is not None for r in mine)}
         for k in MEDIAN_KEYS:
-            stats[k] = _median([r[k] for r in mine])
-            stats[f"{k}_spread"] = _spread([r[k] for r in mine])
-        for key, name in RATIOS:
-            ratios = [_paired_ratio(r[key], grpo[r["seed"]][key] if r["seed"] in grpo else None) for r in mine]
-            ratios = [x for x in ratios if x is not None]
-            stats[name] = float(np.median(ratios)) if ratios else None
-            stats[f"{name}_per_seed"] = ratios
-            stats[f"{name}_ci90"] = median_interval(ratios)
+            stats[k] = _median([r.get(k) for r in mine])
+            stats[f"{k}_spread"] = _spread([r.get(k) for r in mine])
+        for base, suffix in [(grpo, "")] + [(runs[p], f"_vs_{p}") for p in peers]:
+            for key, name in RATIOS:
+                pr = paired_ratios(mine, base, key)
+                stats[name + suffix] = pr["median"]
+                stats[f"{name}{suffix}_per_seed"] = pr["per_seed"]
+                stats[f"{name}{suffix}_ci90"] = pr["ci90"]
         out[m] = stats
     return out
 
@@ -292,6 +325,11 @@ def goals(summary: dict, cfg: Config, predictor_round: dict | None, rows: list[d
     out.append(goal("dots_rr time-to-target / grpo (median over seeds)", ratio, "<= 0.5, 90% CI upper < 0.8",
                     ratio is not None and ratio <= 0.5 and ci is not None and ci[1] < 0.8,
                     "" if ci is None else f"90% CI {_f(ci[0], '.2f')}–{_f(ci[1], '.2f')}"))
+    for peer in PEERS:
+        ratio, ci = d.get(f"time_to_target_ratio_vs_{peer}"), d.get(f"time_to_target_ratio_vs_{peer}_ci90")
+        if ratio is not None:
+            out.append(goal(f"peer {peer}: dots_rr time-to-target / {peer} (median over seeds)", ratio, "<= 0.8",
+                            ratio <= 0.8, "" if ci is None else f"90% CI {_f(ci[0], '.2f')}–{_f(ci[1], '.2f')}"))
     pear = _median([summary.get(m, {}).get("dots_pearson") for m in ("dots", "dots_rr")])
     out.append(goal("dots/pearson (median of dots, dots_rr)", pear, ">= 0.8", pear is not None and pear >= 0.8))
     g, dd = summary.get("grpo", {}), summary.get("dots", {})
@@ -350,6 +388,26 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
                      f"{_f(s['step_s'], '.3f')} | {_f(s['s_per_group_trained'], '.4f')} | "
                      f"{_f(s['effective_ratio'], '.2f')} | {_f(s['staleness'], '.1f')} | "
                      f"{_f(s['dots_pearson'], '.2f')} | {s['reached_target']}/{len(s['seeds'])} |")
+    peers = [p for p in PEERS if p in methods]
+    if peers:
+        lines += ["", "Against the peer baselines: ratios paired by seed, with 90% bootstrap intervals:", "",
+                  "| method | " + " | ".join(f"{label} / {p}" for p in peers for label in
+                                            ("time", "tokens sampled", "tokens trained")) + " |",
+                  "|" + "---|" * (1 + 3 * len(peers))]
+        for m in methods:
+            s = summary[m]
+            cells = [_ci(s[f"{n}_vs_{p}"], s.get(f"{n}_vs_{p}_ci90"), ".2f") for p in peers
+                     for n in ("time_to_target_ratio", "tokens_sampled_ratio", "tokens_trained_ratio")]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines += ["", "How the peers sample (medians of per-step means over seeds):", "",
+                  "| method | generation batches / step | groups rolled out / step | short steps | "
+                  "GRESO skip probability |", "|---|---|---|---|---|"]
+        for m in methods:
+            s = summary[m]
+            if s.get("rollouts_per_step") is None:
+                continue
+            lines.append(f"| {m} | {_f(s['gen_batches'], '.2f')} | {_f(s['rollouts_per_step'], '.1f')} | "
+                         f"{_f(s['short_share'], '.3f')} | {_f(s['skip_prob'], '.3f')} |")
     if checks:
         lines += ["", "Does the task decide? (grpo, every seed)", "", "| check | per seed | target | met |",
                   "|---|---|---|---|"]

@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="also pass@G and mean@G (default: greedy only)")
     ev.add_argument("--seed", type=int, default=0, help="sampling seed for --samples")
     ev.add_argument("--out", help="also write the JSON here")
-    bench = sub.add_parser("bench", parents=[common], help="grpo, dots, rr, dots_rr over seeds, side by side")
+    bench = sub.add_parser("bench", parents=[common], help="grpo, dots, rr, dots_rr and the peers dapo, greso over seeds, side by side")
     bench.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="train.seed values (default 0 1 2 3 4)")
     bench.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     bench.add_argument("--out", default="results/bench", help="summary.json, table.md, curves.png go here")

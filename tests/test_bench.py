@@ -354,3 +354,42 @@ def test_task_checks_not_met_when_one_grpo_seed_fails(field, value, target):
 
 def test_task_checks_without_grpo_rows_are_not_met():
     assert not any(c["met"] for c in bench.task_checks([_row("dots", 0, 5.0, 50)]))
+
+
+# ---- the peer baselines (dapo, greso) ---------------------------------------------------------
+def test_dots_rr_is_paired_with_each_peer_by_seed_and_the_goal_reads_those_ratios():
+    rows = []
+    for seed, base in enumerate((10.0, 20.0, 40.0)):
+        rows += [_row("grpo", seed, base, 100), _row("dots_rr", seed, 0.5 * base, 50),
+                 _row("dapo", seed, base, 60, tokens=300_000), _row("greso", seed, [0.5, 0.6, 0.6][seed] * base, 60)]
+    for r in rows:
+        if r["method"] in ("dapo", "greso"):
+            r.update(rollouts_per_step=150.0, gen_batches=1.5, short_share=0.0,
+                     skip_prob=0.2 if r["method"] == "greso" else None)
+    methods = ["grpo", "dots_rr", "dapo", "greso"]
+    s = bench.summarize(rows, methods)
+    assert s["dots_rr"]["time_to_target_ratio_vs_dapo_per_seed"] == pytest.approx([0.5, 0.5, 0.5])
+    assert s["dots_rr"]["time_to_target_ratio_vs_greso_per_seed"] == pytest.approx([1.0, 0.5 / 0.6, 0.5 / 0.6])
+    assert s["dapo"]["time_to_target_ratio"] == pytest.approx(1.0)  # still paired with grpo too
+    assert s["dots_rr"]["tokens_sampled_ratio_vs_dapo_per_seed"] == pytest.approx([50_000 / 300_000] * 3)
+    assert s["dapo"]["rollouts_per_step"] == 150.0 and s["grpo"]["rollouts_per_step"] is None
+    goals = {g["goal"]: g for g in bench.goals(s, __import__("dots.config").config.Config(), None, rows)}
+    dapo_goal = goals["peer dapo: dots_rr time-to-target / dapo (median over seeds)"]
+    greso_goal = goals["peer greso: dots_rr time-to-target / greso (median over seeds)"]
+    assert dapo_goal["met"] and dapo_goal["value"] == pytest.approx(0.5)
+    assert not greso_goal["met"] and greso_goal["value"] == pytest.approx(0.5 / 0.6)
+    table = bench.render(rows, s, list(goals.values()), methods)
+    assert "Against the peer baselines" in table and "time / dapo" in table and "How the peers sample" in table
+    assert table.count("| greso | 1.50 | 150.0 |") == 1  # the sampling table lists only the peers
+
+
+def test_the_peers_params_leave_the_other_methods_runs_alone():
+    from dots.config import Config
+
+    base = Config()
+    variant = load_config(None, ["dapo.gen_batch_size=128", "greso.p_easy=0.6"])
+    for method in ("grpo", "dots", "rr", "dots_rr"):
+        assert bench.run_dirs(base, 0, method) == bench.run_dirs(variant, 0, method)
+    for method in ("dapo", "greso"):
+        assert bench.run_dirs(base, 0, method) != bench.run_dirs(variant, 0, method)
+    assert bench.run_dirs(base, 0, "dapo") == bench.run_dirs(load_config(None, ["greso.p_easy=0.6"]), 0, "dapo")
