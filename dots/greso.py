@@ -61,7 +61,7 @@ class SelectiveRollout:
             prob = self.skip_probability(part)
             keep = rng.random(len(part)) >= prob
             # stop at the size-th kept candidate: the rest of the chunk is not consumed
-            cut = len(part) if keep.sum() <= size - n_kept else int(np.flatnonzero(keep)[size - n_kept - 1]) + 1
+            cut = len(part) if keep.sum() < size - n_kept else int(np.flatnonzero(keep)[size - n_kept - 1]) + 1
             part, prob, keep = part[:cut], prob[:cut], keep[:cut]
             z = self.streak[part]
             stats["skipped_easy"] += int((~keep & (z > 0)).sum())

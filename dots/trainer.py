@@ -315,9 +315,10 @@ class Trainer:
         self.totals["tokens_trained"] += n_trained
         self.totals["groups_trained"] += len(trained)
         rec.update({
-            "train/reward_mean": float(np.mean([g.mean_reward for g in fresh])),
+            # a dynamic-sampling step can end short with no group at all: nothing to average (null)
+            "train/reward_mean": float(np.mean([g.mean_reward for g in fresh])) if fresh else None,
             "train/loss": loss,
-            "train/effective_ratio": float(np.mean([g.informative for g in groups])),
+            "train/effective_ratio": float(np.mean([g.informative for g in groups])) if groups else 0.0,
             "train/policy_version": self.step,
             "time/step_s": step_s, "time/rollout_s": timers["rollout"], "time/update_s": timers["update"],
             "time/select_s": timers["select"], "time/elapsed_s": self.elapsed,

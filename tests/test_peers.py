@@ -315,10 +315,6 @@ def test_pick_matches_a_one_by_one_walk_across_chunks():
             assert kept.tolist() == ref_kept, (seed, size)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG in dots/greso.py SelectiveRollout.pick: when a chunk holds exactly "
-                                       "the missing number of kept candidates (keep.sum() == size - n_kept), "
-                                       "`cut = len(part)` consumes the skipped candidates after the size-th kept "
-                                       "one (the test should be `keep.sum() < size - n_kept`)")
 def test_pick_stops_consuming_at_the_size_th_kept_candidate():
     # candidates 0, 1 have no streak (always kept); 2, 3 have long easy streaks (kept with p 0.01).
     # With two to keep, the walk ends at candidate 1: used should be 2, and nothing was skipped.
@@ -564,8 +560,9 @@ def test_a_step_with_nothing_varied_is_short_and_leaves_the_policy(tiny_pipeline
     trainer._rollout = all_wrong
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # the means over no trained group are NaN
+        warnings.simplefilter("error", RuntimeWarning)  # no mean over an empty list of groups
         rec = trainer.train_step()
+    assert rec["train/reward_mean"] is None and rec["train/effective_ratio"] == 0.0
     assert rec["sampling/short"] == 1 and rec["sampling/short_total"] == 1
     assert rec["sampling/gen_batches"] == 2 and rec["sampling/rollouts"] == 16 and rec["sampling/filtered"] == 16
     assert rec["train/groups_trained"] == 0 and rec["tokens/trained"] == 0 and rec["train/loss"] == 0.0
