@@ -370,6 +370,11 @@ class Trainer:
             probe = self._rates([self.pool[i] for i in self.probe], self.cfg.rollout.group_size, ev.seed + 1)
             e["frontier"] = float(((probe > 0) & (probe < 1)).mean())
             e["probe_pass_rate"] = float(probe.mean())
+            if self.round_pred is not None:  # DOTS: the round's predictions on a uniform sample of the pool
+                out = ~np.isin(self.probe, self.round_refs) if self.round_refs is not None else \
+                    np.ones(len(self.probe), dtype=bool)  # (the round's references are its labels: left out)
+                if out.sum() >= 2:
+                    e["probe_pearson"] = pearson(self.round_pred[self.probe[out]], 1.0 - probe[out])
         self.model.train()
         self.evals.append(e)
         return e
@@ -386,6 +391,8 @@ class Trainer:
                 rec["eval/accuracy"] = e["accuracy"]
                 if "frontier" in e:
                     rec["eval/frontier"] = e["frontier"]
+                if "probe_pearson" in e:
+                    rec["dots/probe_pearson"] = e["probe_pearson"]
             if self.on_step is not None:
                 self.on_step(rec)
             if self.step % self.cfg.train.checkpoint_every == 0 or self.step == total:

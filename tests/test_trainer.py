@@ -6,6 +6,7 @@ import json
 import math
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -406,3 +407,23 @@ def test_token_counts_of_a_replaying_selecting_run(tiny_pipeline, pipeline_data,
         assert rec["tokens/sampled"] <= (b + k) * g * t
         assert rec["train/groups_trained"] <= b
     assert recs[0]["tokens/sampled"] >= k * g  # the first step rolls out the round's references
+
+
+def test_dots_probe_pearson_is_the_rounds_prediction_on_the_probe_without_its_references(
+        tiny_pipeline, pipeline_data, tmp_path):
+    from dots.predictor_training import pearson
+
+    cfg, trainer = _trainer(tiny_pipeline, pipeline_data, "dots", tmp_path / "probe", "eval.probe_size=64",
+                            "eval.samples=2", "eval.metric=sampled")
+    assert "probe_pearson" not in trainer.evaluate()  # no round yet: nothing predicted
+    trainer.train_step()
+    e = trainer.evaluate()
+    probe = trainer.probe
+    rates = trainer._rates([trainer.pool[i] for i in probe], cfg.rollout.group_size, cfg.eval.seed + 1)
+    out = ~np.isin(probe, trainer.round_refs)
+    assert out.sum() < len(probe) or not np.isin(trainer.round_refs, probe).any()
+    assert e["probe_pearson"] == pytest.approx(pearson(trainer.round_pred[probe[out]], 1.0 - rates[out]))
+    # a grpo run predicts nothing
+    _, grpo = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "grpo", "eval.probe_size=64")
+    grpo.train_step()
+    assert "probe_pearson" not in grpo.evaluate()
