@@ -1,4 +1,4 @@
-"""One readable GRPO loop for the four methods of DESIGN §1.
+"""One readable GRPO loop for the four methods of DESIGN §1 and two peer baselines.
 
     grpo     B questions drawn uniformly, all groups fresh
     dots     B questions drawn ∝ exp(−|d̂−α|/τ) from the round's predictions, all fresh
