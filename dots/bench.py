@@ -85,9 +85,9 @@ def prepare_shared(cfg: Config) -> dict:
 # Sections a method's training does not read: a grpo run is the same run whatever the
 # selection or replay params, so variants of those reuse it instead of training it again.
 _DOTS = ("selection", "embed", "label", "predictor")
-_PEERS = ("dapo", "greso")
-UNUSED = {"grpo": (*_DOTS, "replay", *_PEERS), "dots": ("replay", *_PEERS), "rr": (*_DOTS, *_PEERS),
-          "dots_rr": _PEERS, "dapo": (*_DOTS, "replay", "greso"), "greso": (*_DOTS, "replay", "dapo")}
+PEERS = ("dapo", "greso")  # the peer baselines dots is measured against beside grpo
+UNUSED = {"grpo": (*_DOTS, "replay", *PEERS), "dots": ("replay", *PEERS), "rr": (*_DOTS, *PEERS),
+          "dots_rr": PEERS, "dapo": (*_DOTS, "replay", "greso"), "greso": (*_DOTS, "replay", "dapo")}
 
 
 def run_fingerprint(cfg: Config, seed: int, method: str) -> str:
@@ -146,35 +146,19 @@ def run_row(cfg: Config, seed: int, method: str, target: float | None) -> dict:
            "best_accuracy": max(e["accuracy"] for e in evals), "elapsed_s": summary["elapsed_s"],
            "step_s": mean("time/step_s"), "effective_ratio": mean("train/effective_ratio"),
            "staleness": mean("replay/staleness_mean"), "dots_pearson": mean("dots/pearson"),
-           "probe_pearson": _mean_of([e.get("probe_pearson") for e in evals]),
+           "probe_pearson": mean("dots/probe_pearson"),
            "wall_s": summary.get("wall_s"), "tracking_s": summary.get("tracking_s"),
            "orchestration_s": summary.get("orchestration_s")}
-    row.update(peer_figures(run_dir))
+    row.update({name: mean(key) for name, key in PEER_FIGURES.items()})
     for part in SPLIT:
         row[f"{part}_s"] = mean(f"time/{part}_s")
     row["other_s"] = row["step_s"] - sum(row[f"{p}_s"] for p in SPLIT) if row["step_s"] is not None else None
     return row
 
 
+# the peer baselines' sampling figures: per-step means the run's summary holds (None for other methods)
 PEER_FIGURES = {"rollouts_per_step": "sampling/rollouts", "gen_batches": "sampling/gen_batches",
                 "short_share": "sampling/short", "skip_prob": "greso/skip_prob_mean"}
-
-
-def peer_figures(run_dir: Path) -> dict:
-    """Per-step means of the peer baselines' sampling figures, read from the run's records
-    (None for a method that does not log them)."""
-    path = run_dir / "records.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
-    out = {}
-    for name, key in PEER_FIGURES.items():
-        vals = [r[key] for r in records if r.get(key) is not None]
-        out[name] = float(np.mean(vals)) if vals else None
-    return out
-
-
-def _mean_of(vals: list) -> float | None:
-    vals = [v for v in vals if v is not None and np.isfinite(v)]
-    return float(np.mean(vals)) if vals else None
 
 
 def _median(vals: list) -> float | None:
@@ -191,7 +175,6 @@ MEDIAN_KEYS = ("time_to_target_s", "steps_to_target", "tokens_sampled_to_target"
                "final_accuracy", "final_smoothed", "step_s", "rollout_s", "update_s", "select_s", "other_s",
                "effective_ratio", "staleness", "dots_pearson", "probe_pearson", "s_per_group_trained", "frontier_min",
                *PEER_FIGURES)
-PEERS = ("dapo", "greso")  # the peer baselines dots is measured against beside grpo
 RATIOS = (("time_to_target_s", "time_to_target_ratio"), ("steps_to_target", "steps_to_target_ratio"),
           ("tokens_sampled_to_target", "tokens_sampled_ratio"), ("tokens_trained_to_target", "tokens_trained_ratio"))
 CONFIDENCE = 0.9
@@ -329,13 +312,12 @@ def goals(summary: dict, cfg: Config, predictor_round: dict | None, rows: list[d
     d = summary.get("dots_rr", {})
     ratio, ci = d.get("time_to_target_ratio"), d.get("time_to_target_ratio_ci90")
     out.append(goal("dots_rr time-to-target / grpo (median over seeds)", ratio, "<= 0.5, 90% CI upper < 0.8",
-                    ratio is not None and ratio <= 0.5 and ci is not None and ci[1] < 0.8,
-                    "" if ci is None else f"90% CI {_f(ci[0], '.2f')}–{_f(ci[1], '.2f')}"))
+                    ratio is not None and ratio <= 0.5 and ci is not None and ci[1] < 0.8, _ci_detail(ci)))
     for peer in PEERS:
         ratio, ci = d.get(f"time_to_target_ratio_vs_{peer}"), d.get(f"time_to_target_ratio_vs_{peer}_ci90")
         if ratio is not None:
             out.append(goal(f"peer {peer}: dots_rr time-to-target / {peer} (median over seeds)", ratio, "<= 0.8",
-                            ratio <= 0.8, "" if ci is None else f"90% CI {_f(ci[0], '.2f')}–{_f(ci[1], '.2f')}"))
+                            ratio <= 0.8, _ci_detail(ci)))
     pear = _median([summary.get(m, {}).get("dots_pearson") for m in ("dots", "dots_rr")])
     probe = _median([summary.get(m, {}).get("probe_pearson") for m in ("dots", "dots_rr")])
     out.append(goal("dots/pearson (median of dots, dots_rr)", pear, ">= 0.8", pear is not None and pear >= 0.8,
@@ -366,6 +348,10 @@ def _f(v, fmt: str) -> str:
     if isinstance(v, float) and not np.isfinite(v):
         return "never"
     return format(v, fmt)
+
+
+def _ci_detail(ci) -> str:
+    return "" if ci is None else f"90% CI {_f(ci[0], '.2f')}–{_f(ci[1], '.2f')}"
 
 
 def _ci(v, ci, fmt: str) -> str:

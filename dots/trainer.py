@@ -126,7 +126,6 @@ class Trainer:
         # progress; token and group counts are machine-independent costs beside the seconds
         self.step, self.elapsed = 0, 0.0
         self.totals = {"tokens_sampled": 0, "tokens_trained": 0, "groups_trained": 0}
-        self.short_steps = 0  # dynamic sampling: steps that hit the round limit short of B groups
         self._sampled = 0  # response tokens generated in the current step (counted by _rollout)
         self.probe = np.arange(min(cfg.eval.probe_size, len(pool)))  # the pool is shuffled: its head is a
         # fixed, uniform probe of the pool for the frontier diagnostic
@@ -240,9 +239,9 @@ class Trainer:
             rec.update({"greso/skipped_easy": skips["skipped_easy"], "greso/skipped_hard": skips["skipped_hard"],
                         "greso/skip_prob_mean": skips["skip_prob_sum"] / max(skips["considered"], 1),
                         "greso/p_easy": self.greso.p_easy, "greso/p_hard": self.greso.p_hard})
-        self.short_steps += got.short
         rec.update(got.metrics())
-        rec["sampling/short_total"] = self.short_steps
+        before = self.records[-1].get("sampling/short_total", 0) if self.records else 0
+        rec["sampling/short_total"] = before + int(got.short)  # restored with the records on resume
         timers["rollout"] += rollout_s
         timers["select"] += time.perf_counter() - start - rollout_s
         return got.groups
@@ -522,7 +521,6 @@ class Trainer:
             last = self.records[-1]
             self.totals = {"tokens_sampled": last["tokens/sampled_total"], "tokens_trained": last[
                 "tokens/trained_total"], "groups_trained": last["train/groups_trained_total"]}
-            self.short_steps = int(last.get("sampling/short_total", 0))
         say(f"{self.checkpoint_dir}: resuming from step {self.step}")
 
 

@@ -98,6 +98,18 @@ def tiny_config(root: str | Path, *extra: str):
     return load_config(None, tiny_overrides(root) + list(extra))
 
 
+def refused(overrides, *needles) -> str:
+    """The config error these overrides get, checked to name every needle (the field, its range)."""
+    from dots.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    msg = str(info.value)
+    for needle in needles:
+        assert needle in msg, f"{needle!r} not in {msg!r}"
+    return msg
+
+
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory):
     """Run prepare, warm-up, embed, label and fit once; returns the Config (paths.root inside)."""

@@ -8,79 +8,70 @@ import yaml
 from dots.cli import main
 from dots.config import Config, ConfigError, Tier, flatten, load_config
 
-from .conftest import REPO
-
-
-def _refused(overrides, *needles):
-    with pytest.raises(ConfigError) as info:
-        load_config(None, overrides)
-    msg = str(info.value)
-    for needle in needles:
-        assert needle in msg, f"{needle!r} not in {msg!r}"
-    return msg
+from .conftest import REPO, refused
 
 
 @pytest.mark.parametrize("value", ["0", "1.5", "-0.2"])
 def test_replay_delta_out_of_range(value):
-    _refused([f"replay.delta={value}"], "replay.delta", "(0, 1]")
+    refused([f"replay.delta={value}"], "replay.delta", "(0, 1]")
 
 
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_selection_tau_must_be_positive(value):
-    _refused([f"selection.tau={value}"], "selection.tau", "(0, inf)")
+    refused([f"selection.tau={value}"], "selection.tau", "(0, inf)")
 
 
-def test_group_size_of_one_refused():
-    _refused(["rollout.group_size=1"], "rollout.group_size", "[2, inf)")
+def test_group_size_of_onerefused():
+    refused(["rollout.group_size=1"], "rollout.group_size", "[2, inf)")
 
 
-def test_ref_size_larger_than_pool_refused():
-    _refused(["task.pool_size=1024", "label.num_questions=128", "predictor.batch_size=64",
+def test_ref_size_larger_than_poolrefused():
+    refused(["task.pool_size=1024", "label.num_questions=128", "predictor.batch_size=64",
               "train.batch_size=16", "selection.ref_size=2048"], "selection.ref_size", "task.pool_size")
 
 
 def test_ref_size_plus_round_must_fit_the_pool():
     # each fits alone, but a round needs ref_size + every x batch_size distinct questions
-    _refused(["task.pool_size=1024", "label.num_questions=128", "predictor.batch_size=64",
+    refused(["task.pool_size=1024", "label.num_questions=128", "predictor.batch_size=64",
               "train.batch_size=400", "selection.every=2", "selection.ref_size=300"], "selection.ref_size")
 
 
-def test_unknown_method_refused():
-    _refused(["train.method=ppo"], "train.method", "ppo")
+def test_unknown_methodrefused():
+    refused(["train.method=ppo"], "train.method", "ppo")
 
 
-def test_unknown_methods_entry_refused():
-    _refused(["train.methods=[grpo, ppo]"], "train.methods")
+def test_unknown_methods_entryrefused():
+    refused(["train.methods=[grpo, ppo]"], "train.methods")
 
 
 @pytest.mark.parametrize("key", ["train.bogus", "bogus.key", "replay.deltaa"])
-def test_unknown_key_refused(key):
-    _refused([f"{key}=1"], key.split(".")[0] if key.startswith("bogus") else key, "unknown key")
+def test_unknown_keyrefused(key):
+    refused([f"{key}=1"], key.split(".")[0] if key.startswith("bogus") else key, "unknown key")
 
 
 def test_n_head_must_divide_n_embd():
-    _refused(["model.n_head=3", "model.n_embd=64"], "model.n_head", "n_embd")
+    refused(["model.n_head=3", "model.n_embd=64"], "model.n_head", "n_embd")
 
 
 def test_label_policy_must_name_a_checkpoint():
-    _refused(["warmup.checkpoints=[200]", "label.policies=[step200, step800]"], "label.policies", "step800")
+    refused(["warmup.checkpoints=[200]", "label.policies=[step200, step800]"], "label.policies", "step800")
 
 
-def test_checkpoint_beyond_warmup_refused():
-    _refused(["warmup.steps=100", "warmup.checkpoints=[200]", "label.policies=[final]"], "warmup.checkpoints")
+def test_checkpoint_beyond_warmuprefused():
+    refused(["warmup.steps=100", "warmup.checkpoints=[200]", "label.policies=[final]"], "warmup.checkpoints")
 
 
-def test_override_without_equals_refused():
-    _refused(["train.steps"], "train.steps", "key=value")
+def test_override_without_equalsrefused():
+    refused(["train.steps"], "train.steps", "key=value")
 
 
-def test_override_into_a_value_refused():
+def test_override_into_a_valuerefused():
     with pytest.raises(ConfigError, match="train"):
         load_config(None, {"train": 5, "train.steps": 3})
 
 
 def test_bad_type_names_key():
-    _refused(["train.steps=many"], "train.steps")
+    refused(["train.steps=many"], "train.steps")
 
 
 def test_valid_overrides_parse_types():
@@ -123,7 +114,7 @@ def test_params_yaml_with_overrides(tmp_path):
     assert cfg.root == tmp_path
 
 
-def test_invalid_yaml_file_refused(tmp_path):
+def test_invalid_yaml_filerefused(tmp_path):
     bad = tmp_path / "params.yaml"
     bad.write_text("train: [unclosed\n")
     with pytest.raises(ConfigError, match="params.yaml"):
