@@ -1,12 +1,16 @@
 """The side-by-side benchmark (`make bench`): grpo, dots, rr and dots_rr, and the peer baselines
-dapo and greso, on the embedded default over several seeds, interleaved, with one summary, one
+dapo and greso, on the embedded default over several seeds, in lockstep, with one summary, one
 table and one plot.
 
 Why it is built this way:
 - Every method shares the model, pool, warm-up, predictor, batch size, learning rate and
   step budget: the shared stages run once, then only `train.seed` and `train.method` vary.
-- Runs are interleaved seed by seed, and the method order rotates with the seed, so that
-  drift of a shared, noisy machine hits every method alike.
+- A seed's runs of every method train in lockstep, one step of each in turn in one process
+  (`stages.train_lockstep`), so that a slower half-minute of a shared, noisy machine hits
+  every method alike and cancels in the paired ratios. Run one after another, it did not:
+  two benches of one commit gave time ratios 0.18 apart. Each run keeps its own random
+  states, so steps and tokens are those of the run trained alone. The method order within a
+  round of steps rotates with the seed.
 - The target of seed s is grpo's final accuracy at its step budget with seed s, smoothed:
   the mean of its last `eval.smooth` evaluations, so that one noisy evaluation cannot set it.
   A method reaches it at the first evaluation whose trailing mean of `eval.smooth`
@@ -90,9 +94,12 @@ UNUSED = {"grpo": (*_DOTS, "replay", *PEERS), "dots": ("replay", *PEERS), "rr": 
           "dots_rr": PEERS, "dapo": (*_DOTS, "replay", "greso"), "greso": (*_DOTS, "replay", "dapo")}
 
 
+TIMING = "lockstep"  # how a run's seconds were measured: a run timed alone is another measurement
+
+
 def run_fingerprint(cfg: Config, seed: int, method: str) -> str:
     scfg = seed_config(cfg, seed)
-    return scfg.fingerprint(("paths", "train.method", "train.methods", "tracking", *UNUSED[method]))
+    return scfg.fingerprint(("paths", "train.method", "train.methods", "tracking", *UNUSED[method])) + f"/{TIMING}"
 
 
 def run_dirs(cfg: Config, seed: int, method: str) -> tuple[Path, Path]:
@@ -101,21 +108,35 @@ def run_dirs(cfg: Config, seed: int, method: str) -> tuple[Path, Path]:
     return cfg.root / "runs" / method / key, cfg.root / "checkpoints" / method / key
 
 
-def train_one(cfg: Config, seed: int, method: str) -> dict:
-    """One (seed, method) run; a finished run with the same config is read back instead."""
+def finished_run(cfg: Config, seed: int, method: str) -> dict | None:
+    """The summary of a run that already finished with the same config, else None."""
+    done = run_dirs(cfg, seed, method)[0] / "summary.json"
+    if done.exists():
+        summary = json.loads(done.read_text())
+        if summary.get("bench_fingerprint") == run_fingerprint(cfg, seed, method):
+            return summary
+    return None
+
+
+def train_seed(cfg: Config, seed: int, methods: list[str]) -> dict[str, dict]:
+    """Every method's run of one seed, trained in lockstep (`stages.train_lockstep`: one step
+    of each in turn, so all are timed under the same load); finished runs are read back,
+    interrupted ones resume from their checkpoints."""
     from . import stages  # noqa: PLC0415
 
-    scfg = seed_config(cfg, seed)
-    run_dir, ckpt = run_dirs(cfg, seed, method)
-    done = run_dir / "summary.json"
-    fp = run_fingerprint(cfg, seed, method)
-    if done.exists() and json.loads(done.read_text()).get("bench_fingerprint") == fp:
-        say(f"bench: {method} seed {seed} already finished; reading it back")
-        return json.loads(done.read_text())
-    summary = stages.train(scfg, method, resume=True, run_dir=run_dir, checkpoint_dir=ckpt, seed_tag=seed)
-    summary["bench_fingerprint"] = fp
-    write_text(done, json.dumps(json_safe(summary), indent=1))
-    return summary
+    out = {}
+    for m in methods:
+        if (done := finished_run(cfg, seed, m)) is not None:
+            say(f"bench: {m} seed {seed} already finished; reading it back")
+            out[m] = done
+    todo = [m for m in methods if m not in out]
+    if todo:
+        specs = [(m, *run_dirs(cfg, seed, m)) for m in todo]
+        for m, summary in stages.train_lockstep(seed_config(cfg, seed), specs, seed_tag=seed).items():
+            summary["bench_fingerprint"] = run_fingerprint(cfg, seed, m)
+            write_text(run_dirs(cfg, seed, m)[0] / "summary.json", json.dumps(json_safe(summary), indent=1))
+            out[m] = summary
+    return out
 
 
 def run_row(cfg: Config, seed: int, method: str, target: float | None) -> dict:
@@ -148,7 +169,7 @@ def run_row(cfg: Config, seed: int, method: str, target: float | None) -> dict:
            "staleness": mean("replay/staleness_mean"), "dots_pearson": mean("dots/pearson"),
            "probe_pearson": mean("dots/probe_pearson"),
            "wall_s": summary.get("wall_s"), "tracking_s": summary.get("tracking_s"),
-           "orchestration_s": summary.get("orchestration_s")}
+           "orchestration_s": summary.get("orchestration_s"), "lockstep": summary.get("lockstep")}
     row.update({name: mean(key) for name, key in PEER_FIGURES.items()})
     for part in SPLIT:
         row[f"{part}_s"] = mean(f"time/{part}_s")
@@ -334,12 +355,21 @@ def goals(summary: dict, cfg: Config, predictor_round: dict | None, rows: list[d
         out.append(goal(f"predictor round over {predictor_round['questions']} questions (s)", rs, "<= 0.1",
                         rs <= 0.1, f"K={predictor_round['ref_size']}, dim {predictor_round['dim']}, "
                                    f"{predictor_round['threads']} threads, keys cached"))
-    shares = [((r["tracking_s"] or 0) + (r["orchestration_s"] or 0)) / r["wall_s"] for r in rows
-              if r.get("wall_s") and (r.get("tracking_s") is not None or r.get("orchestration_s") is not None)]
-    over = _median(shares)
+    over = _median(overhead_shares(rows))
     out.append(goal("Prefect + MLflow share of a training run's wall-clock (median)", over, "<= 0.03",
                     over is not None and over <= 0.03))
     return out
+
+
+def overhead_shares(rows: list[dict]) -> list[float]:
+    """Prefect + MLflow seconds over wall-clock, per lockstep group (a seed's runs share one
+    wall-clock and one orchestration figure; each run has its own tracking seconds)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("wall_s") and (r.get("tracking_s") is not None or r.get("orchestration_s") is not None):
+            groups.setdefault((r["seed"], tuple(r.get("lockstep") or [r["method"]])), []).append(r)
+    return [(sum(r["tracking_s"] or 0 for r in g) + max(r["orchestration_s"] or 0 for r in g))
+            / max(r["wall_s"] for r in g) for g in groups.values()]
 
 
 def _f(v, fmt: str) -> str:
@@ -455,9 +485,9 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
 
 def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, out_dir: Path = RESULTS,
               dataset: str | Path | None = None,
-              runner: Callable[[Config, int, str], dict] | None = None) -> dict:
-    """Shared stages once, then every (seed, method) run interleaved, then the report.
-    `runner` lets the Prefect flow wrap each run in a task; by default runs are direct calls."""
+              runner: Callable[[Config, int, list[str]], dict] | None = None) -> dict:
+    """Shared stages once, then each seed's runs of every method in lockstep, then the report.
+    `runner` lets the Prefect flow wrap each seed in a task; by default they are direct calls."""
     methods = list(methods or METHODS)
     if "grpo" not in methods:
         raise ValueError("bench: methods must include grpo (it defines the target)")
@@ -468,9 +498,10 @@ def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, o
     start = time.perf_counter()
     prepare_shared(cfg)
     order = run_order(methods, seeds)
-    for i, (seed, method) in enumerate(order, 1):
-        say(f"bench: run {i}/{len(order)}: {method}, seed {seed}")
-        (runner or train_one)(cfg, seed, method)
+    for i, seed in enumerate(seeds, 1):
+        mine = [m for s, m in order if s == seed]
+        say(f"bench: seed {seed} ({i}/{len(seeds)}): {', '.join(mine)} in lockstep")
+        (runner or train_seed)(cfg, seed, mine)
     result = report(cfg, methods, seeds, out_dir, dataset, {"bench_wall_s": time.perf_counter() - start})
     say(Path(out_dir / "table.md").read_text())
     return result

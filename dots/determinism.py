@@ -35,3 +35,54 @@ def setup_torch(threads: int, deterministic: bool = True) -> None:
 
 def setup_from_config(cfg) -> None:
     setup_torch(cfg.train.threads, cfg.train.deterministic)
+
+
+class GlobalRng:
+    """The process-wide random states (torch's CPU and CUDA generators, Python's `random`,
+    NumPy's legacy global), kept apart for one of several runs that share a process.
+
+    Why: the bench's lockstep steps several trainers in turn in one process. Each trainer
+    draws from its own generators, but a library may still draw from the global ones, and a
+    run must be the same run whether it trains alone or beside others. `capture()` right
+    after the run is built; then `with slot:` around each of its steps swaps its states in
+    and the others' out.
+    """
+
+    def __init__(self):
+        self.state: tuple | None = None
+
+    @staticmethod
+    def _get() -> tuple:
+        import random  # noqa: PLC0415
+
+        import numpy as np  # noqa: PLC0415
+
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        return torch.get_rng_state(), cuda, random.getstate(), np.random.get_state()
+
+    @staticmethod
+    def _set(state: tuple) -> None:
+        import random  # noqa: PLC0415
+
+        import numpy as np  # noqa: PLC0415
+
+        cpu, cuda, py, nps = state
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        random.setstate(py)
+        np.random.set_state(nps)
+
+    def capture(self) -> "GlobalRng":
+        self.state = self._get()
+        return self
+
+    def __enter__(self) -> "GlobalRng":
+        self._outer = self._get()
+        if self.state is not None:
+            self._set(self.state)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.state = self._get()
+        self._set(self._outer)

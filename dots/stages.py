@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .atomic import write_text
-from .determinism import setup_from_config
+from .determinism import GlobalRng, setup_from_config
 from .config import Config
 from .data import Question, generate, load_questions, save_questions
 from .distributed import launched_main, launched_world_size
@@ -283,6 +283,79 @@ def train(cfg: Config, method: str | None = None, resume: bool = True, run_dir: 
           checkpoint_dir: Path | None = None, seed_tag: int | None = None) -> dict:
     """Train one method; `run_dir`/`checkpoint_dir`/`seed_tag` let the benchmark keep one run per seed."""
     method = method or cfg.train.method
+    with Progress(f"train {method}", cfg.train.steps) as bar:
+        run = _open_run(cfg, method, resume, run_dir, checkpoint_dir, seed_tag, bar)
+        result = run.trainer.run()
+    return run.close(result)
+
+
+def train_lockstep(cfg: Config, specs: list[tuple[str, Path, Path]], seed_tag: int | None = None) -> dict[str, dict]:
+    """Train several methods of one config side by side: one step of each in turn, so every
+    method's steps are timed under the same machine load at the same moments.
+
+    Why: run one after another, two methods' ~30-s runs meet different load (a 20% slower
+    half-minute moved a seed's time ratio by 0.2), and paired ratios do not cancel it. In
+    lockstep, load changes hit every method within a second. Each run keeps its own global
+    random states (`GlobalRng`), so it is the same run, step for step and token for token, as
+    when it trains alone; only the seconds differ. `specs`: (method, run_dir, checkpoint_dir)."""
+    total = cfg.train.steps * len(specs)
+    with Progress(f"train {'+'.join(m for m, _, _ in specs)} (lockstep)", total) as bar:
+        runs = []
+        for method, run_dir, checkpoint_dir in specs:
+            runs.append(_open_run(cfg, method, True, run_dir, checkpoint_dir, seed_tag, None))
+            runs[-1].rng.capture()
+        while not all(r.trainer.finished for r in runs):
+            for r in runs:
+                if not r.trainer.finished:
+                    with r.rng:
+                        r.trainer.advance()
+            bar.update(sum(r.trainer.step for r in runs))
+        results = []
+        for r in runs:
+            with r.rng:
+                results.append(r.trainer.finish())
+    return {r.method: r.close(res, lockstep=[m for m, _, _ in specs]) for r, res in zip(runs, results)}
+
+
+class _Run:
+    """One method's run between loading and its closing writes (export, tracking, summary)."""
+
+    def __init__(self, cfg: Config, method: str, trainer: Trainer, logger, run_dir: Path, wall_start: float):
+        self.cfg, self.method, self.trainer, self.logger = cfg, method, trainer, logger
+        self.run_dir, self.wall_start = run_dir, wall_start
+        self.rng = GlobalRng()
+
+    def close(self, result, lockstep: list[str] | None = None) -> dict:
+        trainer, logger, method = self.trainer, self.logger, self.method
+        s = result.summary
+        model_dir = self.run_dir / "model"
+        trainer.export(model_dir, {"method": method, "steps": s["steps"], "final_accuracy": s["final_accuracy"],
+                                   "started_from": str(policy_path(self.cfg))})  # collective under fsdp
+        extra: dict = {}
+        if trainer.device.type == "cuda":
+            extra["gpu_peak_memory_gb"] = torch.cuda.max_memory_allocated(trainer.device) / 2**30
+        if logger is not None:
+            logger.finish(s, result.evals)
+            t = time.perf_counter()
+            from .tracking import register_model  # noqa: PLC0415
+
+            extra["registered_version"] = register_model(logger.tracker, logger.run_id, model_dir, method, s)
+            extra["tracking_s"] = logger.seconds + time.perf_counter() - t
+        # the whole call: loading, training, evals, tracking (in lockstep: of every method together)
+        extra["wall_s"] = time.perf_counter() - self.wall_start
+        if lockstep is not None:
+            extra["lockstep"] = lockstep
+        s.update(extra)  # figures known only after the run files were written: one more write of the summary
+        if trainer.dist.main:
+            _write_json(self.run_dir / "summary.json", s)
+        say(f"train {method}: final accuracy {s['final_accuracy']:.3f} (from {s['initial_accuracy']:.3f}) after "
+            f"{s['steps']} steps, {s['elapsed_s']:.0f}s training clock")
+        return s
+
+
+def _open_run(cfg: Config, method: str, resume: bool, run_dir: Path | None, checkpoint_dir: Path | None,
+              seed_tag: int | None, bar: Progress | None) -> _Run:
+    """Load the data (and DOTS' predictor), open the MLflow child run, build the trainer."""
     _check_memory(cfg)  # before any model loads: a config that cannot fit is refused now, not hours in
     p = paths(cfg)
     run_dir = run_dir or p.run(method)
@@ -299,38 +372,19 @@ def train(cfg: Config, method: str | None = None, resume: bool = True, run_dir: 
 
         logger = LiveLogger(Tracker(cfg), method, cfg.tracking.log_every,
                             fallback=run_dir / "mlflow_fallback.jsonl", seed=seed_tag)
-    with Progress(f"train {method}", cfg.train.steps) as bar:
-        def on_step(rec: dict) -> None:
-            bar.update(rec["step"], reward=rec["train/reward_mean"], acc=rec.get("eval/accuracy"))
-            if logger is not None:
-                logger(rec)
-        trainer = Trainer(cfg, method, policy_path(cfg), pool, held, run_dir, predictor, emb, resume=resume,
-                          on_step=on_step, checkpoint_dir=checkpoint_dir)
-        bar.update(trainer.step)
-        if logger is not None:
-            logger.catch_up(trainer.records)
-        result = trainer.run()
-    s = result.summary
-    model_dir = run_dir / "model"
-    trainer.export(model_dir, {"method": method, "steps": s["steps"], "final_accuracy": s["final_accuracy"],
-                               "started_from": str(policy_path(cfg))})  # collective under fsdp
-    extra = {}
-    if trainer.device.type == "cuda":
-        extra["gpu_peak_memory_gb"] = torch.cuda.max_memory_allocated(trainer.device) / 2**30
-    if logger is not None:
-        logger.finish(s, result.evals)
-        t = time.perf_counter()
-        from .tracking import register_model  # noqa: PLC0415
 
-        extra["registered_version"] = register_model(logger.tracker, logger.run_id, model_dir, method, s)
-        extra["tracking_s"] = logger.seconds + time.perf_counter() - t
-    extra["wall_s"] = time.perf_counter() - wall_start  # the whole call: loading, training, evals, tracking
-    s.update(extra)  # figures known only after the run files were written: one more write of the summary
-    if trainer.dist.main:
-        _write_json(run_dir / "summary.json", s)
-    say(f"train {method}: final accuracy {s['final_accuracy']:.3f} (from {s['initial_accuracy']:.3f}) after "
-        f"{s['steps']} steps, {s['elapsed_s']:.0f}s training clock")
-    return s
+    def on_step(rec: dict) -> None:
+        if bar is not None:
+            bar.update(rec["step"], reward=rec["train/reward_mean"], acc=rec.get("eval/accuracy"))
+        if logger is not None:
+            logger(rec)
+    trainer = Trainer(cfg, method, policy_path(cfg), pool, held, run_dir, predictor, emb, resume=resume,
+                      on_step=on_step, checkpoint_dir=checkpoint_dir)
+    if bar is not None:
+        bar.update(trainer.step)
+    if logger is not None:
+        logger.catch_up(trainer.records)
+    return _Run(cfg, method, trainer, logger, run_dir, wall_start)
 
 
 def evaluate(cfg: Config, method: str | None = None) -> dict:

@@ -378,26 +378,42 @@ class Trainer:
         self.evals.append(e)
         return e
 
-    def run(self, stop_after: int | None = None) -> RunResult:
-        """Train to `train.steps` (or stop early after `stop_after` steps, for tests of resume)."""
+    @property
+    def finished(self) -> bool:
+        return self.step >= self.cfg.train.steps
+
+    def advance(self) -> dict:
+        """One step of the run, with its evaluation and checkpoint when due (the evaluation of
+        the starting policy comes first). `run` loops over it; the bench's lockstep calls it
+        for several methods in turn, so that each step of each is timed under the same load."""
         total = self.cfg.train.steps
         if not self.evals:
             self.evaluate()
-        while self.step < total:
-            rec = self.train_step()
-            if self.step % self.cfg.eval.every == 0 or self.step == total:
-                e = self.evaluate()
-                rec["eval/accuracy"] = e["accuracy"]
-                if "frontier" in e:
-                    rec["eval/frontier"] = e["frontier"]
-                if "probe_pearson" in e:
-                    rec["dots/probe_pearson"] = e["probe_pearson"]
-            if self.on_step is not None:
-                self.on_step(rec)
-            if self.step % self.cfg.train.checkpoint_every == 0 or self.step == total:
-                self._checkpoint()
+        rec = self.train_step()
+        if self.step % self.cfg.eval.every == 0 or self.step == total:
+            e = self.evaluate()
+            rec["eval/accuracy"] = e["accuracy"]
+            if "frontier" in e:
+                rec["eval/frontier"] = e["frontier"]
+            if "probe_pearson" in e:
+                rec["dots/probe_pearson"] = e["probe_pearson"]
+        if self.on_step is not None:
+            self.on_step(rec)
+        if self.step % self.cfg.train.checkpoint_every == 0 or self.step == total:
+            self._checkpoint()
+        return rec
+
+    def run(self, stop_after: int | None = None) -> RunResult:
+        """Train to `train.steps` (or stop early after `stop_after` steps, for tests of resume)."""
+        if not self.evals:
+            self.evaluate()
+        while not self.finished:
+            self.advance()
             if stop_after is not None and self.step >= stop_after:
                 break
+        return self.finish()
+
+    def finish(self) -> RunResult:
         self.dist.assert_in_sync(self.model)
         return self.result()
 

@@ -393,3 +393,59 @@ def test_the_peers_params_leave_the_other_methods_runs_alone():
     for method in ("dapo", "greso"):
         assert bench.run_dirs(base, 0, method) != bench.run_dirs(variant, 0, method)
     assert bench.run_dirs(base, 0, "dapo") == bench.run_dirs(load_config(None, ["greso.p_easy=0.6"]), 0, "dapo")
+
+
+def test_lockstep_runs_are_the_runs_trained_alone(tiny_pipeline, tmp_path):
+    """The bench trains a seed's methods in lockstep; each must be the same run, step for step
+    and token for token, as the method trained alone (only its seconds may differ)."""
+    import torch
+
+    from dots import stages
+
+    cfg = load_config(REPO / "params.yaml", [*tiny_overrides(tiny_pipeline.root), "train.steps=4", "eval.every=2",
+                                             "train.checkpoint_every=2", "tracking.enabled=false"])
+    methods = ["grpo", "dots_rr", "greso"]
+
+    def untimed(run_dir):
+        records = [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+                   for line in (run_dir / "records.jsonl").read_text().splitlines() if line]
+        evals = [{k: v for k, v in e.items() if k != "elapsed_s"}
+                 for e in json.loads((run_dir / "evals.json").read_text())]
+        return records, evals
+
+    for m in methods:
+        stages.train(cfg, m, resume=False, run_dir=tmp_path / "alone" / m, checkpoint_dir=tmp_path / "ck1" / m)
+    together = stages.train_lockstep(cfg, [(m, tmp_path / "lock" / m, tmp_path / "ck2" / m) for m in methods])
+    assert sorted(together) == sorted(methods)
+    from safetensors.torch import load_file
+
+    for m in methods:
+        assert together[m]["lockstep"] == methods and together[m]["steps"] == 4
+        assert untimed(tmp_path / "lock" / m) == untimed(tmp_path / "alone" / m), m
+        alone, lock = (load_file(tmp_path / d / m / "model" / "model.safetensors") for d in ("alone", "lock"))
+        assert all(torch.equal(alone[k], lock[k]) for k in alone), m
+
+
+def test_global_rng_slots_keep_each_runs_sequence():
+    import random
+
+    import torch
+
+    from dots.determinism import GlobalRng
+
+    torch.manual_seed(0)
+    random.seed(0)
+    a = GlobalRng().capture()
+    expected = [torch.rand(3) for _ in range(3)], [random.random() for _ in range(3)]
+    torch.manual_seed(1)
+    b = GlobalRng().capture()
+    got_a, got_py, outer = [], [], torch.get_rng_state()
+    for _ in range(3):
+        with a:
+            got_a.append(torch.rand(3))
+            got_py.append(random.random())
+        with b:
+            torch.rand(5)  # b's draws must not move a's sequence
+            random.random()
+    assert all(torch.equal(x, y) for x, y in zip(got_a, expected[0])) and got_py == expected[1]
+    assert torch.equal(torch.get_rng_state(), outer)  # and the caller's state is left as it was
