@@ -94,12 +94,19 @@ UNUSED = {"grpo": (*_DOTS, "replay", *PEERS), "dots": ("replay", *PEERS), "rr": 
           "dots_rr": PEERS, "dapo": (*_DOTS, "replay", "greso"), "greso": (*_DOTS, "replay", "dapo")}
 
 
-TIMING = "lockstep"  # how a run's seconds were measured: a run timed alone is another measurement
+def timing(cfg: Config) -> str:
+    """How the bench times a seed's runs: "lockstep" on the CPU, where every method's tiny model
+    fits in one process beside the others; "alone", one run after another, on a GPU, where each
+    run's model, optimizer and engine are planned to fill the device by themselves. Part of a
+    run's key: seconds timed one way are another measurement than seconds timed the other."""
+    from .models import resolve_device  # noqa: PLC0415
+
+    return "lockstep" if resolve_device(cfg.train.device).type == "cpu" else "alone"
 
 
 def run_fingerprint(cfg: Config, seed: int, method: str) -> str:
     scfg = seed_config(cfg, seed)
-    return scfg.fingerprint(("paths", "train.method", "train.methods", "tracking", *UNUSED[method])) + f"/{TIMING}"
+    return scfg.fingerprint(("paths", "train.method", "train.methods", "tracking", *UNUSED[method])) + f"/{timing(cfg)}"
 
 
 def run_dirs(cfg: Config, seed: int, method: str) -> tuple[Path, Path]:
@@ -120,8 +127,8 @@ def finished_run(cfg: Config, seed: int, method: str) -> dict | None:
 
 def train_seed(cfg: Config, seed: int, methods: list[str]) -> dict[str, dict]:
     """Every method's run of one seed, trained in lockstep (`stages.train_lockstep`: one step
-    of each in turn, so all are timed under the same load); finished runs are read back,
-    interrupted ones resume from their checkpoints."""
+    of each in turn, so all are timed under the same load; on a GPU one after another, see
+    `timing`); finished runs are read back, interrupted ones resume from their checkpoints."""
     from . import stages  # noqa: PLC0415
 
     out = {}
@@ -130,8 +137,9 @@ def train_seed(cfg: Config, seed: int, methods: list[str]) -> dict[str, dict]:
             say(f"bench: {m} seed {seed} already finished; reading it back")
             out[m] = done
     todo = [m for m in methods if m not in out]
-    if todo:
-        specs = [(m, *run_dirs(cfg, seed, m)) for m in todo]
+    groups = [todo] if timing(cfg) == "lockstep" else [[m] for m in todo]
+    for group in (g for g in groups if g):
+        specs = [(m, *run_dirs(cfg, seed, m)) for m in group]
         for m, summary in stages.train_lockstep(seed_config(cfg, seed), specs, seed_tag=seed).items():
             summary["bench_fingerprint"] = run_fingerprint(cfg, seed, m)
             write_text(run_dirs(cfg, seed, m)[0] / "summary.json", json.dumps(json_safe(summary), indent=1))

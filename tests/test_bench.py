@@ -449,3 +449,24 @@ def test_global_rng_slots_keep_each_runs_sequence():
             random.random()
     assert all(torch.equal(x, y) for x, y in zip(got_a, expected[0])) and got_py == expected[1]
     assert torch.equal(torch.get_rng_state(), outer)  # and the caller's state is left as it was
+
+
+def test_a_seed_trains_in_lockstep_on_the_cpu_and_run_by_run_on_a_gpu(monkeypatch, tmp_path):
+    """Six methods' models fit one process on the CPU; on a GPU each run is planned to fill the
+    device alone, so there the bench must train them one after another."""
+    from dots import stages
+
+    cfg = bench.bench_config(load_config(None, [f"paths.root={tmp_path}", "train.device=cpu"]))
+    assert bench.timing(cfg) == "lockstep" and bench.run_fingerprint(cfg, 0, "grpo").endswith("/lockstep")
+    calls = []
+
+    def fake(scfg, specs, seed_tag=None):
+        calls.append([m for m, _, _ in specs])
+        return {m: {"steps": 1} for m, _, _ in specs}
+    monkeypatch.setattr(stages, "train_lockstep", fake)
+    bench.train_seed(cfg, 0, ["grpo", "dots_rr"])
+    assert calls == [["grpo", "dots_rr"]]
+    calls.clear()
+    monkeypatch.setattr(bench, "timing", lambda c: "alone")
+    out = bench.train_seed(cfg, 1, ["grpo", "dots_rr"])
+    assert calls == [["grpo"], ["dots_rr"]] and sorted(out) == ["dots_rr", "grpo"]
