@@ -19,7 +19,9 @@ runs cost speed, so the GPU profile turns `train.deterministic` off.
 from __future__ import annotations
 
 import os
+import random
 
+import numpy as np
 import torch
 
 
@@ -53,19 +55,11 @@ class GlobalRng:
 
     @staticmethod
     def _get() -> tuple:
-        import random  # noqa: PLC0415
-
-        import numpy as np  # noqa: PLC0415
-
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
         return torch.get_rng_state(), cuda, random.getstate(), np.random.get_state()
 
     @staticmethod
     def _set(state: tuple) -> None:
-        import random  # noqa: PLC0415
-
-        import numpy as np  # noqa: PLC0415
-
         cpu, cuda, py, nps = state
         torch.set_rng_state(cpu)
         if cuda is not None:

@@ -36,18 +36,33 @@ def bench_seed(cfg: Config, seed: int, methods: list[str]) -> dict:
 
 
 def timed_runner(cfg: Config, seed: int, methods: list[str]) -> dict:
-    """Run one seed's task and record what orchestration added around its training call."""
+    """Run one seed's task and record what orchestration added around its training calls."""
     start = time.perf_counter()
     summaries = bench_seed(cfg, seed, methods)
     outside = time.perf_counter() - start
     fresh = {m: s for m, s in summaries.items() if "orchestration_s" not in s}  # read back: keep their figure
-    walls = [s["wall_s"] for s in fresh.values() if s.get("wall_s") is not None]
-    for method, summary in fresh.items():
-        if walls:
-            summary["orchestration_s"] = max(0.0, outside - max(walls))
+    share = orchestration_per_group(outside, fresh)
+    if share is not None:
+        for method, summary in fresh.items():
+            summary["orchestration_s"] = share
             run_dir, _ = bench.run_dirs(cfg, seed, method)
             write_text(run_dir / "summary.json", json.dumps(summary, indent=1))
     return summaries
+
+
+def orchestration_per_group(outside: float, summaries: dict[str, dict]) -> float | None:
+    """A seed task's seconds outside training, per training call. The runs of one lockstep
+    group share one wall-clock (the longest of theirs); groups run one after another (on a GPU
+    each run is its own group), so training is the sum of the groups' wall-clocks, and each
+    group is charged its share of the rest. None when no run reports its wall-clock."""
+    walls: dict[tuple, float] = {}
+    for method, s in summaries.items():
+        if s.get("wall_s") is not None:
+            key = tuple(s.get("lockstep") or [method])
+            walls[key] = max(walls.get(key, 0.0), s["wall_s"])
+    if not walls:
+        return None
+    return max(0.0, outside - sum(walls.values())) / len(walls)
 
 
 @flow(name="dots-bench", log_prints=True)

@@ -470,3 +470,16 @@ def test_a_seed_trains_in_lockstep_on_the_cpu_and_run_by_run_on_a_gpu(monkeypatc
     monkeypatch.setattr(bench, "timing", lambda c: "alone")
     out = bench.train_seed(cfg, 1, ["grpo", "dots_rr"])
     assert calls == [["grpo"], ["dots_rr"]] and sorted(out) == ["dots_rr", "grpo"]
+
+
+def test_orchestration_is_what_a_seed_task_spent_outside_its_training_calls():
+    from flows.bench import orchestration_per_group
+
+    lock = ["grpo", "dots_rr"]  # one lockstep group: one shared wall-clock, the longest of its runs'
+    together = {"grpo": {"wall_s": 99.0, "lockstep": lock}, "dots_rr": {"wall_s": 100.0, "lockstep": lock}}
+    assert orchestration_per_group(103.0, together) == pytest.approx(3.0)
+    # one run after another (a GPU): training is the sum of the runs' wall-clocks, the rest split per run
+    alone = {"grpo": {"wall_s": 40.0, "lockstep": ["grpo"]}, "dots_rr": {"wall_s": 60.0, "lockstep": ["dots_rr"]}}
+    assert orchestration_per_group(104.0, alone) == pytest.approx(2.0)
+    assert orchestration_per_group(90.0, alone) == 0.0  # never negative
+    assert orchestration_per_group(5.0, {"grpo": {}}) is None
