@@ -25,20 +25,27 @@ Why it is built this way:
 - A run that already finished with the same config is read back, not re-trained, and an
   interrupted one resumes from its checkpoint, so a killed bench loses at most one run's
   progress since its last checkpoint.
+- A variant (`--variant every4=dots_rr:selection.every=4`) is one of the methods with some
+  params changed, trained in the same lockstep group as the methods and reported beside them,
+  with its ratios to its own method paired by seed: a switch is judged against the settings
+  it would replace under the same load, not against runs timed at another time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from .atomic import write_text
-from .config import METHODS, Config, apply_overrides
+from .config import METHODS, Config, ConfigError, apply_overrides, with_overrides
 from .progress import say
 from .runfiles import json_safe
 from .runfiles import final_smoothed, target_eval
@@ -94,6 +101,74 @@ UNUSED = {"grpo": (*_DOTS, "replay", *PEERS), "dots": ("replay", *PEERS), "rr": 
           "dots_rr": PEERS, "dapo": (*_DOTS, "replay", "greso"), "greso": (*_DOTS, "replay", "dapo")}
 
 
+class Variant(NamedTuple):
+    """A method with some params changed, benched beside the methods as its own arm."""
+    label: str
+    method: str
+    overrides: tuple[str, ...]
+
+
+_LABEL = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_FIXED = ("paths", "train.seed", "train.method", "train.methods", "train.steps", "train.device", "tracking")
+
+
+def parse_variant(text: str, cfg: Config) -> Variant:
+    """`LABEL=METHOD:KEY=VALUE[,KEY=VALUE...]` checked against `cfg` before any work starts: a
+    bad label, method or key is refused with a message that names it. Refused too: keys the
+    shared stages read (the variant would need its own warm-up and predictor: bench it in its
+    own `paths.root`), keys every arm must share (seed, steps, paths, tracking), and params
+    the method does not read (the variant would be its method's run again)."""
+    label, eq, rest = text.partition("=")
+    method, colon, sets = rest.partition(":")
+    if not eq or not colon or not sets:
+        raise ConfigError(f"--variant {text!r}: expected LABEL=METHOD:KEY=VALUE[,KEY=VALUE...], "
+                          f"e.g. every4=dots_rr:selection.every=4")
+    if not _LABEL.fullmatch(label) or label in METHODS:
+        raise ConfigError(f"--variant {text!r}: label {label!r} must be lower-case letters, digits or _ "
+                          f"(at most 32, a letter first) and not a method name ({', '.join(METHODS)})")
+    if method not in METHODS:
+        raise ConfigError(f"--variant {label}: method {method!r} is not one of {', '.join(METHODS)}")
+    overrides = tuple(x.strip() for x in sets.split(","))
+    for o in overrides:
+        key = o.partition("=")[0].strip()
+        if "=" not in o or not key:
+            raise ConfigError(f"--variant {label}: {o!r} is not KEY=VALUE")
+        for group, why in ((SHARED_SECTIONS, "the shared stages read it (give the variant its own "
+                                              "-S paths.root and bench it there)"),
+                           (_FIXED, "every arm of a bench shares it")):
+            if any(key == g or key.startswith(g + ".") for g in group):
+                raise ConfigError(f"--variant {label}: {key} cannot vary within a bench: {why}")
+    variant = Variant(label, method, overrides)
+    vcfg = arm_config(cfg, variant)  # an unknown key or a bad value: ConfigError naming it
+    if run_fingerprint(vcfg, 0, method) == run_fingerprint(cfg, 0, method):
+        raise ConfigError(f"--variant {label}: {method} does not read {', '.join(overrides)} "
+                          f"(or the values are the defaults): the variant would be the {method} run itself")
+    return variant
+
+
+def arm_config(cfg: Config, variant: Variant | None) -> Config:
+    """The config one arm trains with: the bench's, with the variant's params when there is one."""
+    if variant is None:
+        return cfg
+    try:
+        return with_overrides(cfg, list(variant.overrides))
+    except ConfigError as exc:
+        raise ConfigError(f"--variant {variant.label}: {exc}") from None
+
+
+def arms(methods: Sequence[str], variants: Sequence[Variant] = ()) -> list[str]:
+    """The bench's arms in table order: the methods, then the variants' labels."""
+    return [*methods, *(v.label for v in variants)]
+
+
+def resolve(cfg: Config, label: str, variants: Sequence[Variant] = ()) -> tuple[str, Config]:
+    """(method, config) of an arm."""
+    for v in variants:
+        if v.label == label:
+            return v.method, arm_config(cfg, v)
+    return label, cfg
+
+
 def timing(cfg: Config) -> str:
     """How the bench times a seed's runs: "lockstep" on the CPU, where every method's tiny model
     fits in one process beside the others; "alone", one run after another, on a GPU, where each
@@ -104,51 +179,76 @@ def timing(cfg: Config) -> str:
     return "lockstep" if resolve_device(cfg.train.device).type == "cpu" else "alone"
 
 
-def run_fingerprint(cfg: Config, seed: int, method: str) -> str:
+def run_fingerprint(cfg: Config, seed: int, method: str, group: str = "") -> str:
+    """What a run's figures depend on: the params its method reads, its seed, how it was timed
+    and, in lockstep, which runs it was timed beside (`group`, see `lockstep_group`)."""
     scfg = seed_config(cfg, seed)
-    return scfg.fingerprint(("paths", "train.method", "train.methods", "tracking", *UNUSED[method])) + f"/{timing(cfg)}"
+    return scfg.fingerprint(("paths", "train.method", "train.methods", "tracking", *UNUSED[method])) + \
+        f"/{timing(cfg)}" + (f"-{group}" if group else "")
 
 
-def run_dirs(cfg: Config, seed: int, method: str) -> tuple[Path, Path]:
-    """One folder per (method, the params it reads, seed): variants never overwrite each other."""
-    key = f"{run_fingerprint(cfg, seed, method)[:10]}/seed{seed}"
+def lockstep_group(cfg: Config, seed: int, labels: Sequence[str], variants: Sequence[Variant] = ()) -> str:
+    """The key of a seed's lockstep group: a hash of every arm's own fingerprint. Part of each
+    run's key, because seconds timed beside other runs are another measurement: a bench with
+    a variant, or with one method's params changed, trains all its arms anew side by side
+    instead of pairing new runs with ones timed at another time. Empty when runs train one
+    after another (on a GPU), where a run's seconds depend on itself alone."""
+    if timing(cfg) != "lockstep":
+        return ""
+    arms_ = sorted(f"{label}:{run_fingerprint(acfg, seed, m)}" for label in labels
+                   for m, acfg in [resolve(cfg, label, variants)])
+    return hashlib.sha256("|".join(arms_).encode()).hexdigest()[:8]
+
+
+def run_dirs(cfg: Config, seed: int, method: str, group: str = "") -> tuple[Path, Path]:
+    """One folder per (method, the params it reads, seed, lockstep group): variants never
+    overwrite each other, nor one bench's runs another's."""
+    key = f"{run_fingerprint(cfg, seed, method)[:10]}{'-' + group if group else ''}/seed{seed}"
     return cfg.root / "runs" / method / key, cfg.root / "checkpoints" / method / key
 
 
-def finished_run(cfg: Config, seed: int, method: str) -> dict | None:
-    """The summary of a run that already finished with the same config, else None."""
-    done = run_dirs(cfg, seed, method)[0] / "summary.json"
+def finished_run(cfg: Config, seed: int, method: str, group: str = "") -> dict | None:
+    """The summary of a run that already finished with the same config and group, else None."""
+    done = run_dirs(cfg, seed, method, group)[0] / "summary.json"
     if done.exists():
         summary = json.loads(done.read_text())
-        if summary.get("bench_fingerprint") == run_fingerprint(cfg, seed, method):
+        if summary.get("bench_fingerprint") == run_fingerprint(cfg, seed, method, group):
             return summary
     return None
 
 
-def train_seed(cfg: Config, seed: int, methods: list[str]) -> dict[str, dict]:
-    """Every method's run of one seed, trained in lockstep (`stages.train_lockstep`: one step
-    of each in turn, so all are timed under the same load; on a GPU one after another, see
-    `timing`); finished runs are read back, interrupted ones resume from their checkpoints."""
+def train_seed(cfg: Config, seed: int, methods: list[str], variants: Sequence[Variant] = ()) -> dict[str, dict]:
+    """Every arm's run of one seed (`methods` may name variants' labels), trained in lockstep
+    (`stages.train_lockstep`: one step of each in turn, so all are timed under the same load;
+    on a GPU one after another, see `timing`); finished runs are read back, interrupted ones
+    resume from their checkpoints. Returns the summaries by arm."""
     from . import stages  # noqa: PLC0415
 
     out = {}
-    for m in methods:
-        if (done := finished_run(cfg, seed, m)) is not None:
-            say(f"bench: {m} seed {seed} already finished; reading it back")
-            out[m] = done
-    todo = [m for m in methods if m not in out]
-    groups = [todo] if timing(cfg) == "lockstep" else [[m] for m in todo]
-    for group in (g for g in groups if g):
-        specs = [(m, *run_dirs(cfg, seed, m)) for m in group]
-        for m, summary in stages.train_lockstep(seed_config(cfg, seed), specs, seed_tag=seed).items():
-            summary["bench_fingerprint"] = run_fingerprint(cfg, seed, m)
-            write_text(run_dirs(cfg, seed, m)[0] / "summary.json", json.dumps(json_safe(summary), indent=1))
-            out[m] = summary
+    resolved = {label: resolve(cfg, label, variants) for label in methods}
+    group = lockstep_group(cfg, seed, methods, variants)
+    for label, (m, acfg) in resolved.items():
+        if (done := finished_run(acfg, seed, m, group)) is not None:
+            say(f"bench: {label} seed {seed} already finished; reading it back")
+            out[label] = done
+    todo = [label for label in methods if label not in out]
+    groups = [todo] if timing(cfg) == "lockstep" else [[label] for label in todo]
+    for part in (g for g in groups if g):
+        specs = [stages.LockstepRun(m, *run_dirs(acfg, seed, m, group), seed_config(acfg, seed), label)
+                 for label in part for m, acfg in [resolved[label]]]
+        for label, summary in stages.train_lockstep(seed_config(cfg, seed), specs, seed_tag=seed).items():
+            m, acfg = resolved[label]
+            summary["bench_fingerprint"] = run_fingerprint(acfg, seed, m, group)
+            write_text(run_dirs(acfg, seed, m, group)[0] / "summary.json", json.dumps(json_safe(summary), indent=1))
+            out[label] = summary
     return out
 
 
-def run_row(cfg: Config, seed: int, method: str, target: float | None) -> dict:
-    run_dir, _ = run_dirs(cfg, seed, method)
+def run_row(cfg: Config, seed: int, label: str, target: float | None, variants: Sequence[Variant] = (),
+            group: str = "") -> dict:
+    """One arm's run of one seed as a table row (its `method` is the arm's label)."""
+    method, cfg = resolve(cfg, label, variants)
+    run_dir, _ = run_dirs(cfg, seed, method, group)
     summary = json.loads((run_dir / "summary.json").read_text())
     evals = json.loads((run_dir / "evals.json").read_text())
     def mean(key: str):  # the per-step means the run's summary already holds
@@ -160,7 +260,7 @@ def run_row(cfg: Config, seed: int, method: str, target: float | None) -> dict:
     gain = final_smoothed(evals, cfg.eval.smooth) - acc[0]
     frontier = [e["frontier"] for e in evals if "frontier" in e]
     groups = summary.get("train/groups_trained_total")
-    row = {"method": method, "seed": seed, "target_accuracy": target,
+    row = {"method": label, "seed": seed, "run_dir": str(run_dir), "target_accuracy": target,
            "time_to_target_s": None if hit is None else float(hit["elapsed_s"]),
            "steps_to_target": None if hit is None else int(hit["step"]),
            "tokens_sampled_to_target": None if hit is None else hit.get("tokens_sampled"),
@@ -253,21 +353,27 @@ def paired_ratios(mine: list[dict], base: list[dict], key: str) -> dict:
             "ci90": median_interval(ratios)}
 
 
-def summarize(rows: list[dict], methods: list[str]) -> dict:
-    """Per method: medians over seeds, their min–max spread, seed-paired ratios to grpo and, where
-    the peer baselines ran, to each peer (`<ratio>_vs_<peer>`)."""
+def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] = ()) -> dict:
+    """Per arm: medians over seeds, their min–max spread, seed-paired ratios to grpo and, where
+    the peer baselines ran, to each peer (`<ratio>_vs_<peer>`); a variant also to its own
+    method (`<ratio>_vs_<method>`)."""
     runs = {m: [r for r in rows if r["method"] == m] for m in methods}
     grpo = runs.get("grpo", [])
     peers = [p for p in PEERS if p in methods]
+    base_of = {v.label: v.method for v in variants}
     out: dict[str, dict] = {}
     for m in methods:
         mine = runs[m]
         stats: dict = {"seeds": [r["seed"] for r in mine],
                        "reached_target": sum(r["time_to_target_s"] is not None for r in mine)}
+        if m in base_of:
+            stats["variant_of"] = base_of[m]
+            stats["overrides"] = list(next(v.overrides for v in variants if v.label == m))
         for k in MEDIAN_KEYS:
             stats[k] = _median([r.get(k) for r in mine])
             stats[f"{k}_spread"] = _spread([r.get(k) for r in mine])
-        for base, suffix in [(grpo, "")] + [(runs[p], f"_vs_{p}") for p in peers]:
+        own = [base_of[m]] if base_of.get(m) in runs and base_of[m] not in peers else []
+        for base, suffix in [(grpo, "")] + [(runs[p], f"_vs_{p}") for p in [*peers, *own]]:
             for key, name in RATIOS:
                 pr = paired_ratios(mine, base, key)
                 stats[name + suffix] = pr["median"]
@@ -441,6 +547,14 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
                 continue
             lines.append(f"| {m} | {_f(s['gen_batches'], '.2f')} | {_f(s['rollouts_per_step'], '.1f')} | "
                          f"{_f(s['short_share'], '.3f')} | {_f(s['skip_prob'], '.3f')} |")
+    variants = [m for m in methods if summary[m].get("variant_of")]
+    if variants:
+        lines += ["", "Variants against their own method: ratios paired by seed, with 90% bootstrap intervals:", "",
+                  "| variant | params | time | steps | tokens sampled | tokens trained |", "|---|---|---|---|---|---|"]
+        for m in variants:
+            s, base = summary[m], summary[m]["variant_of"]
+            cells = [_ci(s.get(f"{n}_vs_{base}"), s.get(f"{n}_vs_{base}_ci90"), ".2f") for _, n in RATIOS]
+            lines.append(f"| {m} | {base} with {', '.join(s['overrides'])} | " + " | ".join(cells) + " |")
     if checks:
         lines += ["", "Does the task decide? (grpo, every seed)", "", "| check | per seed | target | met |",
                   "|---|---|---|---|"]
@@ -456,17 +570,18 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
 
 
 def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RESULTS,
-           dataset: str | Path | None = None, extra: dict | None = None) -> dict:
-    """Read every finished run, write summary.json, table.md and curves.png under out_dir."""
+           dataset: str | Path | None = None, extra: dict | None = None, variants: Sequence[Variant] = ()) -> dict:
+    """Read every finished run, write summary.json, table.md and curves.png under out_dir
+    (`methods`: the arms, variants' labels included)."""
     from .plots import learning_curve  # noqa: PLC0415
 
-    targets = {}
+    targets, group = {}, {s: lockstep_group(cfg, s, methods, variants) for s in seeds}
     for s in seeds:
-        g = run_dirs(cfg, s, "grpo")[0] / "evals.json"
+        g = run_dirs(cfg, s, "grpo", group[s])[0] / "evals.json"
         targets[s] = final_smoothed(json.loads(g.read_text()), cfg.eval.smooth) if g.exists() \
             else cfg.train.target_accuracy
-    rows = [run_row(cfg, s, m, targets[s]) for s, m in run_order(methods, seeds)]
-    summary = summarize(rows, methods)
+    rows = [run_row(cfg, s, m, targets[s], variants, group[s]) for s, m in run_order(methods, seeds)]
+    summary = summarize(rows, methods, variants)
     rnd = None
     if dataset is not None and Path(dataset).exists():
         rnd = predictor_round_seconds(dataset, ref_size=256, hidden=cfg.predictor.hidden, threads=cfg.train.threads)
@@ -478,10 +593,16 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
               "steps": cfg.train.steps, "targets": targets, "eval_metric": cfg.eval.metric,
               "eval_samples": cfg.eval.samples, "smooth": cfg.eval.smooth, "confidence": CONFIDENCE,
               "summary": summary, "task_checks": checks, "goals": goal_list,
-              "predictor_round": rnd, "runs": rows, **(extra or {})}
+              "predictor_round": rnd, "runs": rows,
+              "variants": {v.label: {"method": v.method, "overrides": list(v.overrides)} for v in variants},
+              **(extra or {})}
     write_text(out_dir / "summary.json", json.dumps(json_safe(result), indent=1))
     write_text(out_dir / "table.md", table + "\n")
-    curves = {m: [json.loads((run_dirs(cfg, s, m)[0] / "evals.json").read_text()) for s in seeds] for m in methods}
+    def evals(seed: int, label: str) -> list[dict]:
+        method, acfg = resolve(cfg, label, variants)
+        return json.loads((run_dirs(acfg, seed, method, group[seed])[0] / "evals.json").read_text())
+
+    curves = {m: [evals(s, m) for s in seeds] for m in methods}
     target = _median(list(targets.values()))
     learning_curve(curves, target, out_dir / "curves.png")
     if cfg.tracking.enabled:
@@ -493,23 +614,33 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
 
 def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, out_dir: Path = RESULTS,
               dataset: str | Path | None = None,
-              runner: Callable[[Config, int, list[str]], dict] | None = None) -> dict:
-    """Shared stages once, then each seed's runs of every method in lockstep, then the report.
-    `runner` lets the Prefect flow wrap each seed in a task; by default they are direct calls."""
+              runner: Callable[..., dict] | None = None, variants: Sequence[Variant] = ()) -> dict:
+    """Shared stages once, then each seed's runs of every method (and variant) in lockstep, then
+    the report. `runner(cfg, seed, arms, variants)` lets the Prefect flow wrap each seed in a
+    task; by default they are direct calls."""
     methods = list(methods or METHODS)
     if "grpo" not in methods:
         raise ValueError("bench: methods must include grpo (it defines the target)")
+    labels = [v.label for v in variants]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"--variant: labels must differ; got {labels}")
+    for v in variants:
+        if v.method not in methods:
+            raise ConfigError(f"--variant {v.label}: its method {v.method} must be benched too (add it to --methods)")
+    all_arms = arms(methods, variants)
     if cfg.tracking.enabled and "DOTS_PIPELINE_ID" not in os.environ:  # one MLflow parent for every seed
         from .tracking import git_commit  # noqa: PLC0415
 
-        os.environ["DOTS_PIPELINE_ID"] = f"bench-{cfg.fingerprint(BENCH_EXCLUDE)}-{git_commit()[:12]}"
+        tag = "".join(f"+{v.label}:{','.join(v.overrides)}" for v in variants)
+        os.environ["DOTS_PIPELINE_ID"] = f"bench-{cfg.fingerprint(BENCH_EXCLUDE)}-{git_commit()[:12]}" + (
+            f"-{hashlib.sha256(tag.encode()).hexdigest()[:8]}" if tag else "")
     start = time.perf_counter()
     prepare_shared(cfg)
-    order = run_order(methods, seeds)
+    order = run_order(all_arms, seeds)
     for i, seed in enumerate(seeds, 1):
         mine = [m for s, m in order if s == seed]
         say(f"bench: seed {seed} ({i}/{len(seeds)}): {', '.join(mine)} in lockstep")
-        (runner or train_seed)(cfg, seed, mine)
-    result = report(cfg, methods, seeds, out_dir, dataset, {"bench_wall_s": time.perf_counter() - start})
+        (runner or train_seed)(cfg, seed, mine, variants)
+    result = report(cfg, all_arms, seeds, out_dir, dataset, {"bench_wall_s": time.perf_counter() - start}, variants)
     say(Path(out_dir / "table.md").read_text())
     return result

@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", parents=[common], help="grpo, dots, rr, dots_rr and the peers dapo, greso over seeds, side by side")
     bench.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="train.seed values (default 0 1 2 3 4)")
     bench.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    bench.add_argument("--variant", action="append", default=[], metavar="LABEL=METHOD:KEY=VALUE[,KEY=VALUE]",
+                       help="also bench METHOD with these params as its own arm, in the same lockstep group, "
+                            "paired with METHOD by seed (repeatable; e.g. every4=dots_rr:selection.every=4)")
     bench.add_argument("--out", default="results/bench", help="summary.json, table.md, curves.png go here")
     bench.add_argument("--dataset", default="../shared/data/deepscaler.parquet",
                        help="parquet whose size times the predictor round (skipped when missing)")
@@ -77,6 +80,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "plan":
         return _plan(cfg)
+    if args.command == "bench":  # a bad --variant is refused before any stage runs
+        from .bench import bench_config, parse_variant  # noqa: PLC0415
+
+        bench_cfg = bench_config(cfg)
+        try:
+            variants = [parse_variant(v, bench_cfg) for v in args.variant]
+        except ConfigError as exc:
+            print(f"dots bench: {scrub(str(exc))}", file=sys.stderr)
+            return 2
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.command != "train":
         print(f"dots {args.command}: runs in one process; only `dots train` runs under torchrun",
               file=sys.stderr)
@@ -99,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "bench":
             from pathlib import Path  # noqa: PLC0415
 
-            from .bench import bench_config, run_bench  # noqa: PLC0415
+            from .bench import run_bench  # noqa: PLC0415
 
-            run_bench(bench_config(cfg), args.seeds, args.methods, Path(args.out), args.dataset)
+            run_bench(bench_cfg, args.seeds, args.methods, Path(args.out), args.dataset, variants=variants)
         elif args.command == "compare":
             stages.compare(cfg)
         elif args.command == "evaluate" and args.method:

@@ -552,6 +552,15 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any] |
     return raw
 
 
+def with_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """`cfg` with dotted-key overrides applied and validated (ConfigError naming the key)."""
+    raw = apply_overrides(cfg.model_dump(), overrides)
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format(exc)) from None
+
+
 def load_config(path: str | Path | None = "params.yaml",
                 overrides: list[str] | dict[str, Any] | None = None) -> Config:
     """Read `path` (missing file = all defaults), apply overrides, validate, or raise ConfigError."""

@@ -16,6 +16,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -289,20 +290,35 @@ def train(cfg: Config, method: str | None = None, resume: bool = True, run_dir: 
     return run.close(result)
 
 
-def train_lockstep(cfg: Config, specs: list[tuple[str, Path, Path]], seed_tag: int | None = None) -> dict[str, dict]:
-    """Train several methods of one config side by side: one step of each in turn, so every
-    method's steps are timed under the same machine load at the same moments.
+class LockstepRun(NamedTuple):
+    """One run of a lockstep group: its method and folders; `cfg` (default: the group's) and
+    `name` (default: the method) let a bench variant train beside its own method."""
+    method: str
+    run_dir: Path
+    checkpoint_dir: Path
+    cfg: Config | None = None
+    name: str | None = None
+
+
+def train_lockstep(cfg: Config, specs: list[tuple], seed_tag: int | None = None) -> dict[str, dict]:
+    """Train several runs of one seed side by side: one step of each in turn, so every run's
+    steps are timed under the same machine load at the same moments.
 
     Why: run one after another, two methods' ~30-s runs meet different load (a 20% slower
     half-minute moved a seed's time ratio by 0.2), and paired ratios do not cancel it. In
     lockstep, load changes hit every method within a second. Each run keeps its own global
     random states (`GlobalRng`), so it is the same run, step for step and token for token, as
-    when it trains alone; only the seconds differ. `specs`: (method, run_dir, checkpoint_dir)."""
-    total = cfg.train.steps * len(specs)
-    with Progress(f"train {'+'.join(m for m, _, _ in specs)} (lockstep)", total) as bar:
+    when it trains alone; only the seconds differ. `specs`: `LockstepRun`s or (method,
+    run_dir, checkpoint_dir) tuples. Returns each run's summary by name."""
+    specs = [LockstepRun(*s) for s in specs]
+    names = [s.name or s.method for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"train_lockstep: run names must differ; got {names}")
+    with Progress(f"train {'+'.join(names)} (lockstep)", cfg.train.steps * len(specs)) as bar:
         runs = []
-        for method, run_dir, checkpoint_dir in specs:
-            runs.append(_open_run(cfg, method, True, run_dir, checkpoint_dir, seed_tag, None))
+        for spec, name in zip(specs, names):
+            runs.append(_open_run(spec.cfg or cfg, spec.method, True, spec.run_dir, spec.checkpoint_dir, seed_tag,
+                                  None, name=name))
             runs[-1].rng.capture()
         while not all(r.trainer.finished for r in runs):
             for r in runs:
@@ -314,15 +330,17 @@ def train_lockstep(cfg: Config, specs: list[tuple[str, Path, Path]], seed_tag: i
         for r in runs:
             with r.rng:
                 results.append(r.trainer.finish())
-    return {r.method: r.close(res, lockstep=[m for m, _, _ in specs]) for r, res in zip(runs, results)}
+    return {name: r.close(res, lockstep=names) for name, r, res in zip(names, runs, results)}
 
 
 class _Run:
     """One method's run between loading and its closing writes (export, tracking, summary)."""
 
-    def __init__(self, cfg: Config, method: str, trainer: Trainer, logger, run_dir: Path, wall_start: float):
+    def __init__(self, cfg: Config, method: str, trainer: Trainer, logger, run_dir: Path, wall_start: float,
+                 name: str | None = None):
         self.cfg, self.method, self.trainer, self.logger = cfg, method, trainer, logger
         self.run_dir, self.wall_start = run_dir, wall_start
+        self.name = name or method  # a bench variant's label: its MLflow run and registered model
         self.rng = GlobalRng()
 
     def close(self, result, lockstep: list[str] | None = None) -> dict:
@@ -339,7 +357,7 @@ class _Run:
             t = time.perf_counter()
             from .tracking import register_model  # noqa: PLC0415
 
-            extra["registered_version"] = register_model(logger.tracker, logger.run_id, model_dir, method, s)
+            extra["registered_version"] = register_model(logger.tracker, logger.run_id, model_dir, self.name, s)
             extra["tracking_s"] = logger.seconds + time.perf_counter() - t
         # the whole call: loading, training, evals, tracking (in lockstep: of every method together)
         extra["wall_s"] = time.perf_counter() - self.wall_start
@@ -354,8 +372,9 @@ class _Run:
 
 
 def _open_run(cfg: Config, method: str, resume: bool, run_dir: Path | None, checkpoint_dir: Path | None,
-              seed_tag: int | None, bar: Progress | None) -> _Run:
-    """Load the data (and DOTS' predictor), open the MLflow child run, build the trainer."""
+              seed_tag: int | None, bar: Progress | None, name: str | None = None) -> _Run:
+    """Load the data (and DOTS' predictor), open the MLflow child run (named `name`, default the
+    method: a bench variant's own), build the trainer."""
     _check_memory(cfg)  # before any model loads: a config that cannot fit is refused now, not hours in
     p = paths(cfg)
     run_dir = run_dir or p.run(method)
@@ -370,7 +389,7 @@ def _open_run(cfg: Config, method: str, resume: bool, run_dir: Path | None, chec
     if cfg.tracking.enabled and launched_main():  # under torchrun rank 0 logs for all
         from .tracking import LiveLogger, Tracker  # noqa: PLC0415
 
-        logger = LiveLogger(Tracker(cfg), method, cfg.tracking.log_every,
+        logger = LiveLogger(Tracker(cfg), name or method, cfg.tracking.log_every,
                             fallback=run_dir / "mlflow_fallback.jsonl", seed=seed_tag)
 
     def on_step(rec: dict) -> None:
@@ -384,7 +403,7 @@ def _open_run(cfg: Config, method: str, resume: bool, run_dir: Path | None, chec
         bar.update(trainer.step)
     if logger is not None:
         logger.catch_up(trainer.records)
-    return _Run(cfg, method, trainer, logger, run_dir, wall_start)
+    return _Run(cfg, method, trainer, logger, run_dir, wall_start, name)
 
 
 def evaluate(cfg: Config, method: str | None = None) -> dict:

@@ -31,21 +31,23 @@ def shared_stages(cfg: Config) -> dict:
 
 @task(name="bench-seed", task_run_name="bench-seed{seed}", retries=1, retry_delay_seconds=5,
       cache_policy=NO_CACHE)
-def bench_seed(cfg: Config, seed: int, methods: list[str]) -> dict:
-    return bench.train_seed(cfg, seed, methods)
+def bench_seed(cfg: Config, seed: int, methods: list[str], variants: list[bench.Variant]) -> dict:
+    return bench.train_seed(cfg, seed, methods, variants)
 
 
-def timed_runner(cfg: Config, seed: int, methods: list[str]) -> dict:
+def timed_runner(cfg: Config, seed: int, methods: list[str], variants: list[bench.Variant] = ()) -> dict:
     """Run one seed's task and record what orchestration added around its training calls."""
     start = time.perf_counter()
-    summaries = bench_seed(cfg, seed, methods)
+    summaries = bench_seed(cfg, seed, methods, list(variants))
     outside = time.perf_counter() - start
     fresh = {m: s for m, s in summaries.items() if "orchestration_s" not in s}  # read back: keep their figure
     share = orchestration_per_group(outside, fresh)
     if share is not None:
-        for method, summary in fresh.items():
+        group = bench.lockstep_group(cfg, seed, methods, variants)
+        for label, summary in fresh.items():
             summary["orchestration_s"] = share
-            run_dir, _ = bench.run_dirs(cfg, seed, method)
+            method, acfg = bench.resolve(cfg, label, variants)
+            run_dir, _ = bench.run_dirs(acfg, seed, method, group)
             write_text(run_dir / "summary.json", json.dumps(summary, indent=1))
     return summaries
 
@@ -67,11 +69,14 @@ def orchestration_per_group(outside: float, summaries: dict[str, dict]) -> float
 
 @flow(name="dots-bench", log_prints=True)
 def bench_flow(seeds: list[int] | None = None, methods: list[str] | None = None, params: str = "params.yaml",
-               overrides: list[str] | None = None, out_dir: str = str(bench.RESULTS)) -> dict:
+               overrides: list[str] | None = None, out_dir: str = str(bench.RESULTS),
+               variants: list[str] | None = None) -> dict:
+    """`variants`: `LABEL=METHOD:KEY=VALUE[,...]` arms trained beside the methods (see dots.bench)."""
     cfg = bench.bench_config(load_config(params, overrides))
+    arms = [bench.parse_variant(v, cfg) for v in variants or []]  # refused here, before any stage runs
     shared_stages(cfg)
     return bench.run_bench(cfg, seeds or [0, 1, 2, 3, 4], methods, Path(out_dir),
-                           DEEPSCALER if DEEPSCALER.exists() else None, runner=timed_runner)
+                           DEEPSCALER if DEEPSCALER.exists() else None, runner=timed_runner, variants=arms)
 
 
 if __name__ == "__main__":

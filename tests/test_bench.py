@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 
 import numpy as np
@@ -22,6 +23,8 @@ from .conftest import REPO, SHARED_DATA, mlflow_runs, require_shared, tiny_overr
 
 DEEPSCALER = SHARED_DATA / "deepscaler.parquet"
 METHODS = ["grpo", "dots", "rr", "dots_rr"]
+VARIANT = "tau3=dots:selection.tau=0.3"  # benched beside the methods in the flow below
+ARMS = [*METHODS, "tau3"]
 SHARED_STAGES = ("data", "models", "embeddings", "labels", "predictor")
 
 
@@ -44,7 +47,7 @@ def bench_run(tmp_path_factory, monkeypatch_module, tiny_pipeline):
     (cfg.root / "shared.json").write_text(json.dumps({"key": bench._shared_key(cfg), "info": {}}))
     with prefect_test_harness(server_startup_timeout=180):
         result = bench_flow(seeds=[0, 1], methods=METHODS, params=str(REPO / "params.yaml"), overrides=overrides,
-                            out_dir=str(root / "results"))
+                            out_dir=str(root / "results"), variants=[VARIANT])
     return root, overrides, result
 
 
@@ -59,8 +62,19 @@ def test_bench_flow_writes_summary_table_and_plot(bench_run):
     root, _, result = bench_run
     out = root / "results"
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["seeds"] == [0, 1] and summary["methods"] == METHODS
-    assert len(summary["runs"]) == 8
+    assert summary["seeds"] == [0, 1] and summary["methods"] == ARMS
+    assert len(summary["runs"]) == 10
+    # the variant: its own runs, trained in each seed's lockstep group, paired with dots by seed
+    tau3 = summary["summary"]["tau3"]
+    assert tau3["variant_of"] == "dots" and tau3["overrides"] == ["selection.tau=0.3"]
+    reached = [r for r in summary["runs"] if r["method"] == "dots" and r["time_to_target_s"] is not None]
+    assert len(tau3["time_to_target_ratio_vs_dots_per_seed"]) == len(reached)  # paired where dots has a time
+    assert "time_to_target_ratio" in tau3
+    assert summary["variants"] == {"tau3": {"method": "dots", "overrides": ["selection.tau=0.3"]}}
+    lock = {r["seed"]: r["lockstep"] for r in summary["runs"] if r["method"] == "grpo"}
+    assert all(sorted(v) == sorted(ARMS) for v in lock.values()), lock
+    dirs = {r["method"]: r["run_dir"] for r in summary["runs"] if r["seed"] == 0}
+    assert dirs["tau3"] != dirs["dots"] and "/runs/dots/" in dirs["tau3"]
     for m in METHODS:
         stats = summary["summary"][m]
         for key in ("time_to_target_s", "steps_to_target", "final_accuracy", "step_s", "effective_ratio",
@@ -78,7 +92,8 @@ def test_bench_flow_writes_summary_table_and_plot(bench_run):
     for m in ("grpo", "rr"):
         assert summary["summary"][m]["dots_pearson"] is None
     table = (out / "table.md").read_text()
-    for m in METHODS:
+    assert "| tau3 | dots with selection.tau=0.3 |" in table
+    for m in ARMS:
         assert table.count(f"| {m} | 0 |") == 1 and table.count(f"| {m} | 1 |") == 1
     assert "Goals:" in table and (out / "curves.png").stat().st_size > 1000
     names = {g["goal"].split(" ")[0] for g in summary["goals"]}
@@ -108,7 +123,10 @@ def test_every_run_records_its_split_and_what_prefect_added(bench_run):
     root, overrides, result = bench_run
     cfg = bench.bench_config(load_config(REPO / "params.yaml", overrides))
     for row in result["runs"]:
-        run_dir, _ = bench.run_dirs(cfg, row["seed"], row["method"])
+        variants = [bench.parse_variant(VARIANT, cfg)]
+        method, acfg = bench.resolve(cfg, row["method"], variants)
+        run_dir, _ = bench.run_dirs(acfg, row["seed"], method, bench.lockstep_group(cfg, row["seed"], ARMS, variants))
+        assert str(run_dir) == row["run_dir"]
         records = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines() if line]
         assert [r["step"] for r in records] == [1, 2, 3, 4]
         # the row's split is the per-step mean of what the trainer timed, not a number made to add up
@@ -117,7 +135,7 @@ def test_every_run_records_its_split_and_what_prefect_added(bench_run):
         for r in records:  # rollout, update and selection are disjoint spans inside the step
             assert r["time/step_s"] >= r["time/rollout_s"] + r["time/update_s"] + r["time/select_s"], r
         assert row["other_s"] >= 0 and row["rollout_s"] > 0 and row["update_s"] > 0
-        assert (row["select_s"] > 0) == (row["method"] in ("dots", "dots_rr")), row
+        assert (row["select_s"] > 0) == (method in ("dots", "dots_rr")), row
         assert row["orchestration_s"] is not None and row["orchestration_s"] >= 0
         # the run's own wall-clock holds its training steps (and its evaluations, loading, tracking)
         assert row["wall_s"] > sum(r["time/step_s"] for r in records) and row["tracking_s"] is not None
@@ -128,7 +146,7 @@ def test_mlflow_has_one_child_per_method_and_seed_under_one_parent(bench_run):
     client, runs = mlflow_runs(root / "mlflow.db")
     children = [r for r in runs if r.data.tags.get("dots.role") == "train"]
     assert sorted((r.data.tags["method"], r.data.tags["seed"]) for r in children) == sorted(
-        (m, s) for m in METHODS for s in ("0", "1"))
+        (m, s) for m in ARMS for s in ("0", "1"))
     parents = {r.data.tags["mlflow.parentRunId"] for r in children}
     assert len(parents) == 1
     parent = client.get_run(parents.pop())
@@ -146,6 +164,11 @@ def test_mlflow_has_one_child_per_method_and_seed_under_one_parent(bench_run):
             else:
                 assert name not in parent.data.metrics, name
     assert parent.data.metrics["bench/time_to_target_ratio/grpo"] == pytest.approx(1.0)  # grpo is its own target
+    own = result["summary"]["tau3"]["time_to_target_ratio_vs_dots"]  # the variant's ratio to its own method
+    if isinstance(own, float) and math.isfinite(own):
+        assert parent.data.metrics["bench/time_to_target_ratio_vs_dots/tau3"] == pytest.approx(own)
+    else:
+        assert "bench/time_to_target_ratio_vs_dots/tau3" not in parent.data.metrics
     assert logged >= 4 * 4
     arts = {a.path for a in client.list_artifacts(parent.info.run_id, "bench")}
     assert {"bench/summary.json", "bench/table.md", "bench/curves.png"} <= arts
@@ -154,10 +177,11 @@ def test_mlflow_has_one_child_per_method_and_seed_under_one_parent(bench_run):
 def test_a_rerun_reads_finished_runs_back_instead_of_training(bench_run):
     root, overrides, _ = bench_run
     cfg = bench.bench_config(load_config(REPO / "params.yaml", overrides))
-    records = bench.run_dirs(cfg, 1, "dots_rr")[0] / "records.jsonl"
+    variants = [bench.parse_variant(VARIANT, cfg)]
+    records = bench.run_dirs(cfg, 1, "dots_rr", bench.lockstep_group(cfg, 1, ARMS, variants))[0] / "records.jsonl"
     before = records.stat().st_mtime_ns
     os.environ.pop("DOTS_PIPELINE_ID", None)
-    bench.run_bench(cfg, [0, 1], METHODS, root / "results2")
+    bench.run_bench(cfg, [0, 1], METHODS, root / "results2", variants=variants)
     assert records.stat().st_mtime_ns == before
     assert (root / "results2" / "table.md").exists()
 
@@ -171,6 +195,23 @@ def test_a_variant_of_the_selection_params_reuses_the_grpo_and_rr_runs():
     for method in ("dots", "dots_rr"):
         assert bench.run_dirs(base, 0, method) != bench.run_dirs(variant, 0, method)
     assert bench.run_dirs(base, 0, "grpo") != bench.run_dirs(base, 1, "grpo")
+
+
+def test_in_lockstep_a_changed_arm_retrains_its_whole_group_and_one_by_one_it_does_not(monkeypatch):
+    """Seconds timed beside other runs are another measurement: a bench whose dots runs change
+    trains its grpo runs anew beside them (new folders: the earlier bench's runs stay intact);
+    on a GPU, where each run is timed alone, the grpo runs are read back."""
+    from dots.config import Config
+
+    base, variant = Config(), load_config(None, ["selection.tau=0.3"])
+    gb, gv = bench.lockstep_group(base, 0, METHODS), bench.lockstep_group(variant, 0, METHODS)
+    assert gb and gv and gb != gv and gb == bench.lockstep_group(base, 0, METHODS[::-1])
+    assert bench.run_dirs(base, 0, "grpo", gb) != bench.run_dirs(variant, 0, "grpo", gv)
+    assert bench.run_fingerprint(base, 0, "grpo", gb) != bench.run_fingerprint(variant, 0, "grpo", gv)
+    v = bench.parse_variant("every4=dots_rr:selection.every=4", base)
+    assert bench.lockstep_group(base, 0, METHODS) != bench.lockstep_group(base, 0, [*METHODS, "every4"], [v])
+    monkeypatch.setattr(bench, "timing", lambda c: "alone")
+    assert bench.lockstep_group(base, 0, METHODS) == bench.lockstep_group(variant, 0, METHODS) == ""
 
 
 def test_runs_are_interleaved_and_the_order_rotates():
@@ -461,8 +502,8 @@ def test_a_seed_trains_in_lockstep_on_the_cpu_and_run_by_run_on_a_gpu(monkeypatc
     calls = []
 
     def fake(scfg, specs, seed_tag=None):
-        calls.append([m for m, _, _ in specs])
-        return {m: {"steps": 1} for m, _, _ in specs}
+        calls.append([s.name for s in specs])
+        return {s.name: {"steps": 1} for s in specs}
     monkeypatch.setattr(stages, "train_lockstep", fake)
     bench.train_seed(cfg, 0, ["grpo", "dots_rr"])
     assert calls == [["grpo", "dots_rr"]]
@@ -483,3 +524,98 @@ def test_orchestration_is_what_a_seed_task_spent_outside_its_training_calls():
     assert orchestration_per_group(104.0, alone) == pytest.approx(2.0)
     assert orchestration_per_group(90.0, alone) == 0.0  # never negative
     assert orchestration_per_group(5.0, {"grpo": {}}) is None
+
+
+EVERY4 = "every4=dots_rr:selection.every=4"
+
+
+def test_a_variant_is_parsed_and_refused_before_any_work_with_the_reason():
+    from dots.config import Config, ConfigError
+
+    cfg = Config()
+    v = bench.parse_variant("every4=dots_rr:selection.every=4, replay.recency=0.1", cfg)
+    assert v == bench.Variant("every4", "dots_rr", ("selection.every=4", "replay.recency=0.1"))
+    method, vcfg = bench.resolve(cfg, "every4", [v])
+    assert method == "dots_rr" and vcfg.selection.every == 4 and vcfg.replay.recency == 0.1
+    assert bench.resolve(cfg, "grpo", [v]) == ("grpo", cfg)
+    # its own run folder, beside the method's (a different config), never the method's own
+    assert bench.run_dirs(vcfg, 0, "dots_rr") != bench.run_dirs(cfg, 0, "dots_rr")
+    bad = {"every4": "expected LABEL=METHOD", "every4=dots_rr": "expected LABEL=METHOD",
+           "Every4=dots_rr:selection.every=4": "label 'Every4'", "rr=dots_rr:selection.every=4": "label 'rr'",
+           "e=ppo:selection.every=4": "method 'ppo'", "e=dots_rr:selection.evry=4": "selection.evry: unknown key",
+           "e=dots_rr:selection.every=0": "selection.every", "e=dots_rr:selection.every": "not KEY=VALUE",
+           "e=dots_rr:selection.ref_size=64": "shared stages read it",
+           "e=dots_rr:train.seed=3": "every arm of a bench shares it",
+           "e=grpo:selection.every=4": "grpo does not read selection.every=4",
+           "e=dots_rr:selection.every=2": "the variant would be the dots_rr run itself"}
+    for text, why in bad.items():
+        with pytest.raises(ConfigError, match=re.escape(why)):
+            bench.parse_variant(text, cfg)
+
+
+def test_the_cli_refuses_a_bad_variant_with_exit_2_and_names_the_key(tmp_path, capsys):
+    from dots.cli import main
+
+    rc = main(["bench", "-S", f"paths.root={tmp_path}", "--variant", "e=dots_rr:selection.alpah=0.4"])
+    assert rc == 2 and "selection.alpah: unknown key" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before any stage wrote anything
+
+
+def test_a_variant_without_its_method_in_the_bench_is_refused(tmp_path):
+    from dots.config import ConfigError
+
+    cfg = bench.bench_config(load_config(None, [f"paths.root={tmp_path}"]))
+    v = bench.parse_variant(EVERY4, cfg)
+    with pytest.raises(ConfigError, match="its method dots_rr must be benched too"):
+        bench.run_bench(cfg, [0], ["grpo", "dots"], tmp_path / "out", variants=[v])
+    with pytest.raises(ConfigError, match="labels must differ"):
+        bench.run_bench(cfg, [0], ["grpo", "dots_rr"], tmp_path / "out", variants=[v, v])
+    assert not (tmp_path / "bench").exists()
+
+
+def test_a_variant_trains_in_its_methods_lockstep_group_with_its_own_config(monkeypatch, tmp_path):
+    from dots import stages
+
+    cfg = bench.bench_config(load_config(None, [f"paths.root={tmp_path}", "train.device=cpu"]))
+    v = bench.parse_variant(EVERY4, cfg)
+    seen = {}
+
+    def fake(scfg, specs, seed_tag=None):
+        for s in specs:
+            seen[s.name] = (s.method, s.cfg.selection.every, s.cfg.train.seed, s.run_dir)
+        return {s.name: {"steps": 1} for s in specs}
+    monkeypatch.setattr(stages, "train_lockstep", fake)
+    out = bench.train_seed(cfg, 3, ["grpo", "dots_rr", "every4"], [v])
+    assert sorted(out) == ["dots_rr", "every4", "grpo"]
+    assert seen["every4"][:3] == ("dots_rr", 4, 3) and seen["dots_rr"][:3] == ("dots_rr", 2, 3)
+    assert seen["every4"][3] != seen["dots_rr"][3]
+    vcfg, group = bench.arm_config(cfg, v), bench.lockstep_group(cfg, 3, ["grpo", "dots_rr", "every4"], [v])
+    assert seen["every4"][3] == bench.run_dirs(vcfg, 3, "dots_rr", group)[0]
+    assert json.loads((seen["every4"][3] / "summary.json").read_text())["bench_fingerprint"] \
+        == bench.run_fingerprint(vcfg, 3, "dots_rr", group)
+    assert bench.finished_run(vcfg, 3, "dots_rr", group) is not None
+    assert bench.finished_run(vcfg, 3, "dots_rr") is None  # not a run of a group without the variant
+    seen.clear()  # a second call reads every arm back and trains nothing
+    assert sorted(bench.train_seed(cfg, 3, ["every4", "grpo", "dots_rr"], [v])) == ["dots_rr", "every4", "grpo"]
+    assert seen == {}
+
+
+def test_a_variant_is_paired_with_its_own_method_by_seed_and_gets_its_own_table():
+    from dots.config import Config
+
+    v = bench.Variant("every4", "dots_rr", ("selection.every=4",))
+    rows = []
+    for seed, (g, d, e) in enumerate([(10.0, 12.0, 9.0), (20.0, 22.0, 22.0), (40.0, 44.0, 33.0)]):
+        rows += [_row("grpo", seed, g, 100), _row("dots_rr", seed, d, 80), _row("every4", seed, e, 90)]
+    arms = bench.arms(["grpo", "dots_rr"], [v])
+    assert arms == ["grpo", "dots_rr", "every4"]
+    s = bench.summarize(rows, arms, [v])
+    assert s["every4"]["variant_of"] == "dots_rr" and s["every4"]["overrides"] == ["selection.every=4"]
+    assert s["every4"]["time_to_target_ratio_vs_dots_rr_per_seed"] == pytest.approx([0.75, 1.0, 0.75])
+    assert s["every4"]["time_to_target_ratio_vs_dots_rr"] == pytest.approx(0.75)
+    assert s["every4"]["steps_to_target_ratio_vs_dots_rr"] == pytest.approx(90 / 80)
+    assert s["every4"]["time_to_target_ratio"] == pytest.approx(0.9)  # and to grpo, like any arm (0.9, 1.1, 0.825)
+    assert "time_to_target_ratio_vs_dots_rr" not in s["dots_rr"]
+    table = bench.render(rows, s, bench.goals(s, Config(), None, rows), arms)
+    line = next(x for x in table.splitlines() if x.startswith("| every4 | dots_rr with selection.every=4 |"))
+    assert "0.75 [" in line
