@@ -327,8 +327,12 @@ def median_interval(values: list[float], confidence: float = CONFIDENCE) -> list
     stand_in = np.where(np.isfinite(vals), vals, top * 10 + 1 if len(finite) else 1.0)
     res = bootstrap((stand_in,), np.median, confidence_level=confidence, method="percentile",
                     n_resamples=9999, random_state=np.random.default_rng(0), vectorized=True)
-    lo, hi = (float(x) for x in (res.confidence_interval.low, res.confidence_interval.high))
-    return [lo if lo <= top else float("inf"), hi if hi <= top else float("inf")]
+    def bound(x: float) -> float:
+        # the percentile interpolation can land an ulp above the largest ratio: that is the ratio,
+        # while a bound that involves the stand-in lies ten times higher
+        return min(x, top) if x <= top + 1e-9 * abs(top) else float("inf")
+
+    return [bound(float(res.confidence_interval.low)), bound(float(res.confidence_interval.high))]
 
 
 def _paired_ratio(mine: float | None, base: float | None) -> float | None:

@@ -619,3 +619,12 @@ def test_a_variant_is_paired_with_its_own_method_by_seed_and_gets_its_own_table(
     table = bench.render(rows, s, bench.goals(s, Config(), None, rows), arms)
     line = next(x for x in table.splitlines() if x.startswith("| every4 | dots_rr with selection.every=4 |"))
     assert "0.75 [" in line
+
+
+def test_a_bound_an_ulp_above_the_largest_ratio_is_that_ratio_not_never():
+    """Measured (switches bench, 2026-12-01): five finite ratios whose bootstrap upper bound came
+    out 1 ulp above the largest, and the table printed it as 'never'."""
+    ratios = [1.271974536470274, 1.4484018019590599, 1.405164567880485, 1.4204178644269219, 1.487465944395762]
+    lo, hi = bench.median_interval(ratios)
+    assert lo == min(ratios) and hi == max(ratios)
+    assert bench.median_interval([1.0, 2.0, float("inf"), float("inf"), float("inf")])[1] == float("inf")
