@@ -195,9 +195,9 @@ def lockstep_group(cfg: Config, seed: int, labels: Sequence[str], variants: Sequ
     after another (on a GPU), where a run's seconds depend on itself alone."""
     if timing(cfg) != "lockstep":
         return ""
-    arms_ = sorted(f"{label}:{run_fingerprint(acfg, seed, m)}" for label in labels
+    keys = sorted(f"{label}:{run_fingerprint(acfg, seed, m)}" for label in labels
                    for m, acfg in [resolve(cfg, label, variants)])
-    return hashlib.sha256("|".join(arms_).encode()).hexdigest()[:8]
+    return hashlib.sha256("|".join(keys).encode()).hexdigest()[:8]
 
 
 def run_dirs(cfg: Config, seed: int, method: str, group: str = "") -> tuple[Path, Path]:
