@@ -45,7 +45,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .atomic import write_text
-from .config import METHODS, Config, ConfigError, apply_overrides, with_overrides
+from .config import METHODS, Config, ConfigError, with_overrides
 from .progress import say
 from .runfiles import json_safe
 from .runfiles import final_smoothed, target_eval
@@ -58,11 +58,11 @@ BENCH_EXCLUDE = ("paths", "train.method", "train.methods", "train.seed", "train.
 
 def bench_config(cfg: Config) -> Config:
     """The benchmark keeps its own workspace, `<paths.root>/bench`, beside the pipeline's."""
-    return Config.model_validate(apply_overrides(cfg.model_dump(), [f"paths.root={cfg.root / 'bench'}"]))
+    return with_overrides(cfg, [f"paths.root={cfg.root / 'bench'}"])
 
 
 def seed_config(cfg: Config, seed: int) -> Config:
-    return Config.model_validate(apply_overrides(cfg.model_dump(), [f"train.seed={seed}"]))
+    return with_overrides(cfg, [f"train.seed={seed}"])
 
 
 def run_order(methods: list[str], seeds: list[int]) -> list[tuple[int, str]]:
@@ -232,8 +232,8 @@ def train_seed(cfg: Config, seed: int, methods: list[str], variants: Sequence[Va
             say(f"bench: {label} seed {seed} already finished; reading it back")
             out[label] = done
     todo = [label for label in methods if label not in out]
-    groups = [todo] if timing(cfg) == "lockstep" else [[label] for label in todo]
-    for part in (g for g in groups if g):
+    together = [todo] if timing(cfg) == "lockstep" else [[label] for label in todo]  # trained side by side
+    for part in (t for t in together if t):
         specs = [stages.LockstepRun(m, *run_dirs(acfg, seed, m, group), seed_config(acfg, seed), label)
                  for label in part for m, acfg in [resolved[label]]]
         for label, summary in stages.train_lockstep(seed_config(cfg, seed), specs, seed_tag=seed).items():
@@ -364,19 +364,18 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
     runs = {m: [r for r in rows if r["method"] == m] for m in methods}
     grpo = runs.get("grpo", [])
     peers = [p for p in PEERS if p in methods]
-    base_of = {v.label: v.method for v in variants}
+    by_label = {v.label: v for v in variants}
     out: dict[str, dict] = {}
     for m in methods:
         mine = runs[m]
         stats: dict = {"seeds": [r["seed"] for r in mine],
                        "reached_target": sum(r["time_to_target_s"] is not None for r in mine)}
-        if m in base_of:
-            stats["variant_of"] = base_of[m]
-            stats["overrides"] = list(next(v.overrides for v in variants if v.label == m))
+        if (v := by_label.get(m)) is not None:
+            stats["variant_of"], stats["overrides"] = v.method, list(v.overrides)
         for k in MEDIAN_KEYS:
             stats[k] = _median([r.get(k) for r in mine])
             stats[f"{k}_spread"] = _spread([r.get(k) for r in mine])
-        own = [base_of[m]] if base_of.get(m) in runs and base_of[m] not in peers else []
+        own = [v.method] if v is not None and v.method in runs and v.method not in peers else []
         for base, suffix in [(grpo, "")] + [(runs[p], f"_vs_{p}") for p in [*peers, *own]]:
             for key, name in RATIOS:
                 pr = paired_ratios(mine, base, key)

@@ -552,13 +552,17 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any] |
     return raw
 
 
-def with_overrides(cfg: Config, overrides: list[str]) -> Config:
-    """`cfg` with dotted-key overrides applied and validated (ConfigError naming the key)."""
-    raw = apply_overrides(cfg.model_dump(), overrides)
+def _validated(raw: dict[str, Any]) -> Config:
+    """A raw config dict validated, or ConfigError naming each bad key."""
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_format(exc)) from None
+
+
+def with_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """`cfg` with dotted-key overrides applied and validated (ConfigError naming the key)."""
+    return _validated(apply_overrides(cfg.model_dump(), overrides))
 
 
 def load_config(path: str | Path | None = "params.yaml",
@@ -572,10 +576,6 @@ def load_config(path: str | Path | None = "params.yaml",
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: top level must be a mapping of sections")
-    raw = apply_overrides(raw, overrides)
-    try:
-        cfg = Config.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(_format(exc)) from None
+    cfg = _validated(apply_overrides(raw, overrides))
     check_writes(cfg)
     return cfg
