@@ -275,7 +275,7 @@ def run_row(cfg: Config, seed: int, label: str, target: float | None, variants: 
            "best_accuracy": max(e["accuracy"] for e in evals), "elapsed_s": summary["elapsed_s"],
            "step_s": mean("time/step_s"), "effective_ratio": mean("train/effective_ratio"),
            "staleness": mean("replay/staleness_mean"), "dots_pearson": mean("dots/pearson"),
-           "probe_pearson": mean("dots/probe_pearson"),
+           "probe_pearson": mean("dots/probe_pearson"), "pearson_ceiling": mean("dots/pearson_ceiling"),
            "wall_s": summary.get("wall_s"), "tracking_s": summary.get("tracking_s"),
            "orchestration_s": summary.get("orchestration_s"), "lockstep": summary.get("lockstep")}
     row.update({name: mean(key) for name, key in PEER_FIGURES.items()})
@@ -302,8 +302,8 @@ def _spread(vals: list) -> list | None:
 
 MEDIAN_KEYS = ("time_to_target_s", "steps_to_target", "tokens_sampled_to_target", "tokens_trained_to_target",
                "final_accuracy", "final_smoothed", "step_s", "rollout_s", "update_s", "select_s", "other_s",
-               "effective_ratio", "staleness", "dots_pearson", "probe_pearson", "s_per_group_trained", "frontier_min",
-               *PEER_FIGURES)
+               "effective_ratio", "staleness", "dots_pearson", "probe_pearson", "pearson_ceiling", "s_per_group_trained",
+               "frontier_min", *PEER_FIGURES)
 RATIOS = (("time_to_target_s", "time_to_target_ratio"), ("steps_to_target", "steps_to_target_ratio"),
           ("tokens_sampled_to_target", "tokens_sampled_ratio"), ("tokens_trained_to_target", "tokens_trained_ratio"))
 CONFIDENCE = 0.9
@@ -458,9 +458,13 @@ def goals(summary: dict, cfg: Config, predictor_round: dict | None, rows: list[d
                             ratio <= 0.8, _ci_detail(ci)))
     pear = _median([summary.get(m, {}).get("dots_pearson") for m in ("dots", "dots_rr")])
     probe = _median([summary.get(m, {}).get("probe_pearson") for m in ("dots", "dots_rr")])
+    ceiling = _median([summary.get(m, {}).get("pearson_ceiling") for m in ("dots", "dots_rr")])
+    notes = ([] if ceiling is None else [f"a predictor knowing the true pass rates would score about {ceiling:.2f} "
+                                         f"against these labels of G = {cfg.rollout.group_size} samples"]) + \
+            ([] if probe is None else [f"on a uniform probe of the pool instead of the selected questions: "
+                                       f"{probe:.2f}"])
     out.append(goal("dots/pearson (median of dots, dots_rr)", pear, ">= 0.8", pear is not None and pear >= 0.8,
-                    "" if probe is None else f"on a uniform probe of the pool instead of the selected questions: "
-                                             f"{probe:.2f}"))
+                    "; ".join(notes)))
     g, dd = summary.get("grpo", {}), summary.get("dots", {})
     share = (dd["effective_ratio"] / g["effective_ratio"]) if g.get("effective_ratio") and dd.get(
         "effective_ratio") is not None else None

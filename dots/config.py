@@ -311,6 +311,11 @@ class TrainConfig(_Section):
     batch_size: int = _range(1, None, default=64, desc="B, question groups per step")
     lr: float = _range(0, 1, lo_open=True, default=3e-4, desc="AdamW learning rate (best of 1e-4, 3e-4, 1e-3 for grpo on the embedded task)")
     max_grad_norm: float = _range(0, None, lo_open=True, default=1.0, desc="gradient clipping")
+    skip_degenerate: bool = Field(True, description="forward only the informative groups in the update: with "
+                                                    "loss.beta = 0 a group whose rewards are all equal has zero "
+                                                    "gradient, so the step is the same at less cost. false: "
+                                                    "forward every group, as a plain GRPO trainer does (the "
+                                                    "cost the paper's baseline pays)")
     checkpoint_every: int = _range(1, None, default=50, desc="steps between resumable checkpoints")
     target_accuracy: float | None = _range(0, 1, default=None,
                                            desc="accuracy for time-to-target; `compare` uses grpo's final")

@@ -92,3 +92,24 @@ def pearson(a: np.ndarray, b: np.ndarray) -> float:
     if len(a) < 2 or a.std() == 0 or b.std() == 0:
         return float("nan")
     return float(stats.pearsonr(a, b).statistic)
+
+
+def pearson_ceiling(rewards: list[np.ndarray]) -> float:
+    """The Pearson r a predictor that knew every question's true pass rate could expect against
+    pass rates *observed* from a few samples each: the goal's yardstick for `dots/pearson`.
+
+    An observed rate is the true one plus sampling noise, so r(true, observed) = sd(true) /
+    sd(observed) = sqrt(1 − noise variance / observed variance) (the attenuation bound of
+    classical test theory). Each rate's noise variance is estimated without bias as s² / G, s²
+    being its G rewards' sample variance (d(1 − d) / (G − 1) for 0/1 rewards). With G = 8 and
+    questions picked near a 50% pass rate, the noise is a large share of what varies, so even a
+    perfect predictor scores well below 1. NaN when fewer than two rates or they do not vary."""
+    rows = [np.asarray(r, dtype=np.float64) for r in rewards]
+    if len(rows) < 2 or any(len(r) < 2 for r in rows):
+        return float("nan")
+    observed = np.array([r.mean() for r in rows])
+    total = observed.var(ddof=1)
+    if total == 0:
+        return float("nan")
+    noise = float(np.mean([r.var(ddof=1) / len(r) for r in rows]))
+    return float(np.sqrt(max(0.0, 1.0 - noise / total)))

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from .config import Config
 
 STEP_FIGURES = ("time/step_s", "time/rollout_s", "time/update_s", "time/select_s", "train/effective_ratio",
-                "train/reward_mean", "replay/staleness_mean", "dots/pearson", "dots/mae", "dots/probe_pearson",
-                "sampling/rollouts", "sampling/gen_batches", "sampling/short", "greso/skip_prob_mean")
+                "train/reward_mean", "replay/staleness_mean", "dots/pearson", "dots/pearson_ceiling", "dots/mae",
+                "dots/probe_pearson", "sampling/rollouts", "sampling/gen_batches", "sampling/short", "greso/skip_prob_mean")
 
 
 def _clean(value: Any) -> Any:

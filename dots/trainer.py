@@ -49,7 +49,7 @@ from .faults import fault_point
 from .update import trained_groups, update_on_groups  # noqa: F401  (re-exported)
 from .models import enable_activation_checkpointing, load_policy, resolve_device
 from .predictor import DifficultyPredictor
-from .predictor_training import pearson
+from .predictor_training import pearson, pearson_ceiling
 from .progress import say
 from .replay import ReplayBuffer
 from .engines import engine_for
@@ -270,13 +270,14 @@ class Trainer:
         if len(groups) >= 2:  # out of sample: these questions' labels were not seen by the predictor
             observed = np.array([1.0 - g.mean_reward for g in groups])
             rec["dots/pearson"] = pearson(self.round_pred[idx], observed)
+            rec["dots/pearson_ceiling"] = pearson_ceiling([g.rewards.cpu().numpy() for g in groups])
             rec["dots/mae"] = float(np.abs(self.round_pred[idx] - observed).mean())
             self.round_seen.extend(zip(idx.tolist(), observed.tolist()))
         return taken + groups
 
     # ---- update ----------------------------------------------------------------------------
     def _update(self, groups: list[Group], replayed: list[Group]) -> tuple[float, dict]:
-        if not any(g.informative for g in groups) and self.cfg.loss.beta == 0:
+        if not trained_groups(groups, self.cfg.loss.beta, self.cfg.train.skip_degenerate):
             return 0.0, {}  # no gradient anywhere: skip the step (and vLLM's sleep/wake)
         if hasattr(self.engine, "release"):
             self.engine.release()  # a colocated vLLM frees its GPU memory for the update
@@ -308,7 +309,7 @@ class Trainer:
         self.step += 1
         step_s = time.perf_counter() - start
         self.elapsed += step_s
-        trained = trained_groups(groups, cfg.loss.beta)
+        trained = trained_groups(groups, cfg.loss.beta, cfg.train.skip_degenerate)
         n_trained = sum(int(g.response_mask.sum()) for g in trained)
         self.totals["tokens_sampled"] += self._sampled
         self.totals["tokens_trained"] += n_trained

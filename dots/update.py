@@ -23,10 +23,12 @@ from .microbatch import Rows, collate_rows, pack
 from .rollout import Group
 
 
-def trained_groups(groups: list[Group], beta: float) -> list[Group]:
+def trained_groups(groups: list[Group], beta: float, skip_degenerate: bool = True) -> list[Group]:
     """The groups the update forwards: all of them with a KL term, else only the informative
-    ones (a degenerate group has zero advantage and, with β = 0, zero gradient)."""
-    return groups if beta > 0 else [g for g in groups if g.informative]
+    ones (a degenerate group has zero advantage and, with β = 0, zero gradient). With
+    `skip_degenerate` off (`train.skip_degenerate`), all of them: the same gradient at the cost
+    a plain GRPO trainer pays, which is the baseline the paper's savings are measured against."""
+    return groups if beta > 0 or not skip_degenerate else [g for g in groups if g.informative]
 
 
 def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups: list[Group], cfg: Config,
@@ -45,7 +47,7 @@ def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups:
     each backward, so there is no all-reduce; and since each of its forwards and backwards is a
     collective, every rank runs as many (micro-)batches as the rank with the most: the others
     (an empty share included) add passes on one row whose loss is multiplied by 0.0."""
-    used = trained_groups(groups, cfg.loss.beta)
+    used = trained_groups(groups, cfg.loss.beta, cfg.train.skip_degenerate)
     if not used:
         return 0.0, {}
     mine = used[dist.shard(len(used))]

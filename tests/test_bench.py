@@ -264,7 +264,7 @@ def test_goals_report_where_each_stands():
                  _row("dots_rr", seed, [0.45, 0.4, 0.4][seed] * base, 40)]
     for r in rows:
         if r["method"] in ("dots", "dots_rr"):
-            r["dots_pearson"] = 0.85
+            r["dots_pearson"], r["pearson_ceiling"] = 0.85, 0.9
     s, g = _goals(rows)
     assert s["dots_rr"]["time_to_target_ratio"] == pytest.approx(0.4)
     lo, hi = s["dots_rr"]["time_to_target_ratio_ci90"]
@@ -272,6 +272,8 @@ def test_goals_report_where_each_stands():
     assert g["dots_rr"]["value"] == pytest.approx(0.4) and g["dots_rr"]["met"]
     assert "90% CI" in g["dots_rr"]["detail"]
     assert g["dots/pearson"]["met"]
+    # beside it, what a predictor knowing the true pass rates would score on the same labels
+    assert s["dots"]["pearson_ceiling"] == 0.9 and "would score about 0.90" in g["dots/pearson"]["detail"]
     # dots trains on 0.5 informative groups of its fresh ones, grpo on 0.2: 2.5x, and dots' own >= 0.5
     assert g["dots"]["value"] == pytest.approx(2.5) and g["dots"]["met"]
     assert "rr" not in g  # the per-step saving goal is gone

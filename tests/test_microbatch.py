@@ -15,7 +15,7 @@ from dots.loss import collate, token_logprobs
 from dots.microbatch import collate_rows, pack
 from dots.models import build_model, build_tokenizer, enable_activation_checkpointing
 from dots.rollout import Group
-from dots.update import update_on_groups
+from dots.update import trained_groups, update_on_groups
 
 PAD = 0
 
@@ -64,10 +64,10 @@ def make_groups(vocab: int, n_groups: int = 5, g: int = 4, seed: int = 0) -> lis
     return groups
 
 
-def run_update(model, groups, replayed, budget, chunk=8192, checkpointing=False):
+def run_update(model, groups, replayed, budget, chunk=8192, checkpointing=False, *extra):
     cfg = load_config(None, [f"train.micro_batch_tokens={'null' if budget is None else budget}",
                              f"train.logprob_chunk_tokens={chunk}", "train.max_grad_norm=1e9",
-                             "rollout.temperature=0.7"])
+                             "rollout.temperature=0.7", *extra])
     model.train()
     if checkpointing:
         enable_activation_checkpointing(model)  # as the trainer does
@@ -95,6 +95,30 @@ def test_micro_batched_gradient_equals_one_batch(build):
         assert stats["replay_ratio_max"] == pytest.approx(stats0["replay_ratio_max"], rel=1e-12)
         for a, b in zip(grads, grads0):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("budget", [None, 1], ids=["one-batch", "one-row-micro-batches"])
+def test_forwarding_degenerate_groups_changes_the_cost_not_the_gradient(budget):
+    """train.skip_degenerate=false (a plain GRPO trainer's update, the paper's baseline cost)
+    forwards every group; the all-equal group adds zero, so loss and gradient are the skipping
+    update's."""
+    model = gpt2()
+    groups = make_groups(model.config.vocab_size)
+    assert trained_groups(groups, 0.0) == [g for g in groups if g.informative] != groups
+    assert trained_groups(groups, 0.0, skip_degenerate=False) == groups
+    rows = []
+    hook = model.transformer.wte.register_forward_hook(lambda mod, inp, out: rows.append(inp[0].shape[0]))
+    try:
+        loss0, _, grads0 = run_update(model, groups, [], budget)
+        skipped = sum(rows)
+        rows.clear()
+        loss, _, grads = run_update(model, groups, [], budget, 8192, False, "train.skip_degenerate=false")
+    finally:
+        hook.remove()
+    assert sum(rows) > skipped  # the degenerate group was forwarded too
+    assert loss == pytest.approx(loss0, rel=1e-12, abs=1e-14)
+    for a, b in zip(grads, grads0):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13)
 
 
 @pytest.mark.parametrize("build", [gpt2, qwen2], ids=["gpt2-shared-prompts", "qwen2-hf-forward"])

@@ -10,7 +10,7 @@ import torch
 
 from dots import stages
 from dots.predictor import DifficultyPredictor, load_predictor, save_predictor
-from dots.predictor_training import pearson, split_labelled
+from dots.predictor_training import pearson, pearson_ceiling, split_labelled
 
 
 def test_saved_metrics_reach_pearson(tiny_pipeline):
@@ -168,3 +168,23 @@ def test_pearson_helper():
     assert pearson(np.array([1.0, 2.0, 3.0]), np.array([2.0, 4.0, 6.5])) > 0.99
     assert np.isnan(pearson(np.array([1.0, 1.0]), np.array([0.0, 1.0])))
     assert np.isnan(pearson(np.array([1.0]), np.array([0.0])))
+
+
+@pytest.mark.parametrize("spread", [(0.3, 0.7), (0.05, 0.95)], ids=["narrow", "wide"])
+def test_pearson_ceiling_is_what_knowing_the_true_pass_rates_scores(spread):
+    """A predictor equal to the true pass rates, scored against rates observed from G = 8
+    samples, gets the ceiling the observed rewards alone estimate; a narrower spread of true
+    rates (questions picked near 50%) leaves less to explain and a lower ceiling."""
+    rng = np.random.default_rng(0)
+    true = rng.uniform(*spread, size=4000)
+    rewards = (rng.random((4000, 8)) < true[:, None]).astype(float)
+    perfect = pearson(true, rewards.mean(axis=1))
+    assert pearson_ceiling(list(rewards)) == pytest.approx(perfect, abs=0.02)
+
+
+def test_pearson_ceiling_edges():
+    assert pearson_ceiling([np.ones(8), np.zeros(8), np.ones(8)]) == 1.0  # no sampling noise at all
+    assert np.isnan(pearson_ceiling([np.ones(8), np.ones(8)]))            # the rates do not vary
+    assert np.isnan(pearson_ceiling([np.array([1.0, 0.0])]))              # one question
+    # noise larger than the spread it should explain: no signal left to find, not a negative root
+    assert pearson_ceiling([np.array([1.0, 0.0, 1.0, 0.0]), np.array([0.0, 1.0, 0.0, 0.0])]) == 0.0

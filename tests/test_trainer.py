@@ -427,3 +427,46 @@ def test_dots_probe_pearson_is_the_rounds_prediction_on_the_probe_without_its_re
     _, grpo = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "grpo", "eval.probe_size=64")
     grpo.train_step()
     assert "probe_pearson" not in grpo.evaluate()
+
+
+def test_forwarding_every_group_trains_the_whole_batch_to_the_same_policy(tiny_pipeline, pipeline_data, tmp_path):
+    """train.skip_degenerate=false is grpo as a plain trainer runs it: every group of the batch
+    is trained (and counted), degenerate ones included, for the same policy up to float order."""
+    extra = ("train.steps=3", "eval.every=3", "train.checkpoint_every=3", "eval.probe_size=0")
+    cfg, skip = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "skip", *extra)
+    _, full = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "full", *extra, "train.skip_degenerate=false")
+    skipped, forwarded = skip.run().records, full.run().records
+    b = cfg.train.batch_size
+    assert [r["train/groups_trained"] for r in forwarded] == [b] * 3
+    assert [r["train/groups_trained"] for r in skipped] == [round(r["train/effective_ratio"] * b) for r in skipped]
+    assert any(r["train/effective_ratio"] < 1 for r in skipped)  # there was a degenerate group to skip
+    assert sum(r["tokens/trained"] for r in forwarded) > sum(r["tokens/trained"] for r in skipped)
+    assert [r["tokens/sampled"] for r in forwarded] == [r["tokens/sampled"] for r in skipped]
+    # the first step starts from the same policy: the same loss (the mean over every group)
+    assert forwarded[0]["train/loss"] == pytest.approx(skipped[0]["train/loss"], rel=1e-5, abs=1e-7)
+    # later steps differ only by float order, which AdamW can turn into at most ~lr per step on a
+    # weight whose gradient is near zero
+    for name, value in skip.model.state_dict().items():
+        torch.testing.assert_close(full.model.state_dict()[name], value, rtol=0, atol=3 * cfg.train.lr)
+
+
+def test_dots_records_the_pearson_ceiling_of_its_fresh_labels(tiny_pipeline, pipeline_data, tmp_path):
+    from dots.predictor_training import pearson_ceiling
+
+    _, trainer = _trainer(tiny_pipeline, pipeline_data, "dots", tmp_path / "ceiling", "eval.probe_size=0")
+    seen = []
+    rollout = trainer._rollout
+
+    def recording(idx):
+        groups = rollout(idx)
+        seen.append(groups)
+        return groups
+
+    trainer._rollout = recording
+    rec = trainer.train_step()
+    assert "dots/pearson_ceiling" in rec
+    fresh = seen[-1]  # the selected questions' rollouts come after the round's references
+    ceiling = rec["dots/pearson_ceiling"]
+    expected = pearson_ceiling([g.rewards.numpy() for g in fresh])
+    assert ceiling == pytest.approx(expected, nan_ok=True)
+    assert np.isnan(ceiling) or 0.0 <= ceiling <= 1.0
