@@ -360,11 +360,13 @@ def paired_ratios(mine: list[dict], base: list[dict], key: str) -> dict:
 def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] = ()) -> dict:
     """Per arm: medians over seeds, their min–max spread, seed-paired ratios to grpo and, where
     the peer baselines ran, to each peer (`<ratio>_vs_<peer>`); a variant also to its own
-    method (`<ratio>_vs_<method>`)."""
+    method (`<ratio>_vs_<method>`). A variant of grpo is another baseline: every other arm gets
+    its ratios to it too (`<ratio>_vs_<label>`), e.g. to grpo as a plain trainer runs it."""
     runs = {m: [r for r in rows if r["method"] == m] for m in methods}
     grpo = runs.get("grpo", [])
     peers = [p for p in PEERS if p in methods]
     by_label = {v.label: v for v in variants}
+    other_bases = grpo_variants(methods, variants)
     out: dict[str, dict] = {}
     for m in methods:
         mine = runs[m]
@@ -376,7 +378,8 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
             stats[k] = _median([r.get(k) for r in mine])
             stats[f"{k}_spread"] = _spread([r.get(k) for r in mine])
         own = [v.method] if v is not None and v.method in runs and v.method not in peers else []
-        for base, suffix in [(grpo, "")] + [(runs[p], f"_vs_{p}") for p in [*peers, *own]]:
+        bases = [*peers, *own, *(b for b in other_bases if b != m)]
+        for base, suffix in [(grpo, "")] + [(runs[b], f"_vs_{b}") for b in bases]:
             for key, name in RATIOS:
                 pr = paired_ratios(mine, base, key)
                 stats[name + suffix] = pr["median"]
@@ -384,6 +387,11 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
                 stats[f"{name}{suffix}_ci90"] = pr["ci90"]
         out[m] = stats
     return out
+
+
+def grpo_variants(methods: Sequence[str], variants: Sequence[Variant]) -> list[str]:
+    """The benched variants of grpo: baselines every arm is also compared with."""
+    return [v.label for v in variants if v.method == "grpo" and v.label in methods]
 
 
 def predictor_round_seconds(dataset: str | Path, dim: int = 1536, ref_size: int = 256, hidden: int = 128,
@@ -459,10 +467,12 @@ def goals(summary: dict, cfg: Config, predictor_round: dict | None, rows: list[d
     pear = _median([summary.get(m, {}).get("dots_pearson") for m in ("dots", "dots_rr")])
     probe = _median([summary.get(m, {}).get("probe_pearson") for m in ("dots", "dots_rr")])
     ceiling = _median([summary.get(m, {}).get("pearson_ceiling") for m in ("dots", "dots_rr")])
-    notes = ([] if ceiling is None else [f"a predictor knowing the true pass rates would score about {ceiling:.2f} "
-                                         f"against these labels of G = {cfg.rollout.group_size} samples"]) + \
-            ([] if probe is None else [f"on a uniform probe of the pool instead of the selected questions: "
-                                       f"{probe:.2f}"])
+    notes = []
+    if ceiling is not None:
+        notes.append(f"a predictor knowing the true pass rates would score about {ceiling:.2f} against these "
+                     f"labels of G = {cfg.rollout.group_size} samples")
+    if probe is not None:
+        notes.append(f"on a uniform probe of the pool instead of the selected questions: {probe:.2f}")
     out.append(goal("dots/pearson (median of dots, dots_rr)", pear, ">= 0.8", pear is not None and pear >= 0.8,
                     "; ".join(notes)))
     g, dd = summary.get("grpo", {}), summary.get("dots", {})
@@ -509,6 +519,20 @@ def _ci(v, ci, fmt: str) -> str:
     return _f(v, fmt) + ("" if not ci else f" [{_f(ci[0], fmt)}–{_f(ci[1], fmt)}]")
 
 
+def _against(summary: dict, methods: list[str], bases: list[str], title: str) -> list[str]:
+    """A table section: every other arm's time and token ratios to each of `bases`."""
+    lines = ["", f"{title}: ratios paired by seed, with 90% bootstrap intervals:", "",
+             "| method | " + " | ".join(f"{label} / {b}" for b in bases for label in
+                                       ("time", "tokens sampled", "tokens trained")) + " |",
+             "|" + "---|" * (1 + 3 * len(bases))]
+    for m in methods:
+        s = summary[m]
+        cells = [_ci(s.get(f"{n}_vs_{b}"), s.get(f"{n}_vs_{b}_ci90"), ".2f") for b in bases
+                 for n in ("time_to_target_ratio", "tokens_sampled_ratio", "tokens_trained_ratio")]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list[str],
            checks: list[dict] | None = None) -> str:
     head = ("| method | seed | time-to-target (s) | steps | tokens sampled | tokens trained | final acc "
@@ -536,15 +560,7 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
                      f"{_f(s['dots_pearson'], '.2f')} | {s['reached_target']}/{len(s['seeds'])} |")
     peers = [p for p in PEERS if p in methods]
     if peers:
-        lines += ["", "Against the peer baselines: ratios paired by seed, with 90% bootstrap intervals:", "",
-                  "| method | " + " | ".join(f"{label} / {p}" for p in peers for label in
-                                            ("time", "tokens sampled", "tokens trained")) + " |",
-                  "|" + "---|" * (1 + 3 * len(peers))]
-        for m in methods:
-            s = summary[m]
-            cells = [_ci(s[f"{n}_vs_{p}"], s.get(f"{n}_vs_{p}_ci90"), ".2f") for p in peers
-                     for n in ("time_to_target_ratio", "tokens_sampled_ratio", "tokens_trained_ratio")]
-            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines += _against(summary, methods, peers, "Against the peer baselines")
         lines += ["", "How the peers sample (medians of per-step means over seeds):", "",
                   "| method | generation batches / step | groups rolled out / step | short steps | "
                   "GRESO skip probability |", "|---|---|---|---|---|"]
@@ -562,6 +578,9 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
             s, base = summary[m], summary[m]["variant_of"]
             cells = [_ci(s.get(f"{n}_vs_{base}"), s.get(f"{n}_vs_{base}_ci90"), ".2f") for _, n in RATIOS]
             lines.append(f"| {m} | {base} with {', '.join(s['overrides'])} | " + " | ".join(cells) + " |")
+    other_bases = [m for m in methods if summary[m].get("variant_of") == "grpo"]
+    if other_bases:
+        lines += _against(summary, methods, other_bases, "Against grpo's variants as baselines")
     if checks:
         lines += ["", "Does the task decide? (grpo, every seed)", "", "| check | per seed | target | met |",
                   "|---|---|---|---|"]

@@ -416,11 +416,14 @@ def log_bench(cfg: Config, result: dict, artifacts: list[Path]) -> str:
     parent = tracker.parent()
     now = int(time.time() * 1000)
     metrics = []
+    baselines = [m for m, stats in result["summary"].items() if stats.get("variant_of") == "grpo"]
     for method, stats in result["summary"].items():  # a variant's ratio to its own method too
         own = [f"time_to_target_ratio_vs_{stats['variant_of']}"] if stats.get("variant_of") else []
+        own += [f"time_to_target_ratio_vs_{b}" for b in baselines if b != method]  # grpo's variants as baselines
         for key in ("time_to_target_s", "time_to_target_ratio", "steps_to_target", "final_accuracy", "step_s",
-                    "effective_ratio", "dots_pearson", "tokens_sampled_ratio", "tokens_trained_ratio",
-                    "time_to_target_ratio_vs_dapo", "time_to_target_ratio_vs_greso", "rollouts_per_step", *own):
+                    "effective_ratio", "dots_pearson", "pearson_ceiling", "tokens_sampled_ratio",
+                    "tokens_trained_ratio", "time_to_target_ratio_vs_dapo", "time_to_target_ratio_vs_greso",
+                    "rollouts_per_step", *dict.fromkeys(own)):
             value = stats.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value):
                 metrics.append(Metric(f"bench/{key}/{method}", float(value), now, 0))

@@ -623,6 +623,30 @@ def test_a_variant_is_paired_with_its_own_method_by_seed_and_gets_its_own_table(
     assert "0.75 [" in line
 
 
+def test_a_variant_of_grpo_is_a_baseline_every_other_arm_is_compared_with():
+    """`grpo_all=grpo:train.skip_degenerate=false` (grpo as a plain trainer runs it): dots_rr's
+    ratios to it, paired by seed, beside those to the bench's grpo, and their own table."""
+    from dots.config import Config
+
+    v = bench.Variant("grpo_all", "grpo", ("train.skip_degenerate=false",))
+    rows = []
+    for seed, (g, a, d) in enumerate([(10.0, 16.0, 12.0), (20.0, 30.0, 18.0), (40.0, 60.0, 36.0)]):
+        rows += [_row("grpo", seed, g, 100), _row("dots_rr", seed, d, 80), _row("grpo_all", seed, a, 100)]
+    arms = bench.arms(["grpo", "dots_rr"], [v])
+    s = bench.summarize(rows, arms, [v])
+    assert s["dots_rr"]["time_to_target_ratio_vs_grpo_all_per_seed"] == pytest.approx([0.75, 0.6, 0.6])
+    assert s["dots_rr"]["time_to_target_ratio_vs_grpo_all"] == pytest.approx(0.6)
+    assert s["dots_rr"]["time_to_target_ratio"] == pytest.approx(0.9)  # to the bench's grpo: 1.2, 0.9, 0.9
+    assert s["grpo"]["time_to_target_ratio_vs_grpo_all"] == pytest.approx(1 / 1.5)
+    assert "time_to_target_ratio_vs_grpo_all" not in s["grpo_all"]  # not against itself
+    assert s["grpo_all"]["time_to_target_ratio_vs_grpo"] == pytest.approx(1.5)  # as any variant, to its method
+    table = bench.render(rows, s, bench.goals(s, Config(), None, rows), arms)
+    section = table.split("Against grpo's variants as baselines")[1]
+    assert "| time / grpo_all | tokens sampled / grpo_all | tokens trained / grpo_all |" in section
+    assert next(x for x in section.splitlines() if x.startswith("| dots_rr |")).startswith("| dots_rr | 0.60 [")
+    assert next(x for x in section.splitlines() if x.startswith("| grpo_all |")).startswith("| grpo_all | — |")
+
+
 def test_a_bound_an_ulp_above_the_largest_ratio_is_that_ratio_not_never():
     """Measured (switches bench, 2026-12-01): five finite ratios whose bootstrap upper bound came
     out 1 ulp above the largest, and the table printed it as 'never'."""
