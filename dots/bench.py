@@ -366,7 +366,7 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
     grpo = runs.get("grpo", [])
     peers = [p for p in PEERS if p in methods]
     by_label = {v.label: v for v in variants}
-    other_bases = grpo_variants(methods, variants)
+    other_bases = [v.label for v in variants if v.method == "grpo" and v.label in methods]
     out: dict[str, dict] = {}
     for m in methods:
         mine = runs[m]
@@ -389,9 +389,10 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
     return out
 
 
-def grpo_variants(methods: Sequence[str], variants: Sequence[Variant]) -> list[str]:
-    """The benched variants of grpo: baselines every arm is also compared with."""
-    return [v.label for v in variants if v.method == "grpo" and v.label in methods]
+def grpo_baselines(summary: dict) -> list[str]:
+    """The arms of a summary that are variants of grpo: baselines every other arm was also
+    compared with (`<ratio>_vs_<label>`)."""
+    return [m for m, stats in summary.items() if stats.get("variant_of") == "grpo"]
 
 
 def predictor_round_seconds(dataset: str | Path, dim: int = 1536, ref_size: int = 256, hidden: int = 128,
@@ -578,7 +579,7 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
             s, base = summary[m], summary[m]["variant_of"]
             cells = [_ci(s.get(f"{n}_vs_{base}"), s.get(f"{n}_vs_{base}_ci90"), ".2f") for _, n in RATIOS]
             lines.append(f"| {m} | {base} with {', '.join(s['overrides'])} | " + " | ".join(cells) + " |")
-    other_bases = [m for m in methods if summary[m].get("variant_of") == "grpo"]
+    other_bases = [m for m in grpo_baselines(summary) if m in methods]
     if other_bases:
         lines += _against(summary, methods, other_bases, "Against grpo's variants as baselines")
     if checks:

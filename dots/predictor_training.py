@@ -101,9 +101,9 @@ def pearson_ceiling(rewards: list[np.ndarray]) -> float:
     An observed rate is the true one plus sampling noise, so r(true, observed) = sd(true) /
     sd(observed) = sqrt(1 − noise variance / observed variance) (the attenuation bound of
     classical test theory). Each rate's noise variance is estimated without bias as s² / G, s²
-    being its G rewards' sample variance (d(1 − d) / (G − 1) for 0/1 rewards). With G = 8 and
-    questions picked near a 50% pass rate, the noise is a large share of what varies, so even a
-    perfect predictor scores well below 1. NaN when fewer than two rates or they do not vary."""
+    being its G rewards' sample variance (d(1 − d) / (G − 1) for 0/1 rewards). The narrower the
+    spread of the true rates (questions picked near 50%), the larger the noise's share and the
+    lower the ceiling. NaN when fewer than two rates or they do not vary."""
     rows = [np.asarray(r, dtype=np.float64) for r in rewards]
     if len(rows) < 2 or any(len(r) < 2 for r in rows):
         return float("nan")

@@ -416,6 +416,7 @@ def log_bench(cfg: Config, result: dict, artifacts: list[Path]) -> str:
     parent = tracker.parent()
     now = int(time.time() * 1000)
     metrics = []
+    # grpo's variants (dots.bench.grpo_baselines, not imported: it would join every stage's DVC lineage)
     baselines = [m for m, stats in result["summary"].items() if stats.get("variant_of") == "grpo"]
     for method, stats in result["summary"].items():  # a variant's ratio to its own method too
         own = [f"time_to_target_ratio_vs_{stats['variant_of']}"] if stats.get("variant_of") else []

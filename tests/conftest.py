@@ -98,6 +98,21 @@ def tiny_config(root: str | Path, *extra: str):
     return load_config(None, tiny_overrides(root) + list(extra))
 
 
+def spy_rollouts(trainer) -> list:
+    """Every rollout call's groups from now on, one list per call (a generation batch, a
+    round's references, a step's selected questions), recorded as the trainer makes them."""
+    calls: list = []
+    inner = trainer._rollout
+
+    def rollout(idx):
+        groups = inner(idx)
+        calls.append(groups)
+        return groups
+
+    trainer._rollout = rollout
+    return calls
+
+
 def refused(overrides, *needles) -> str:
     """The config error these overrides get, checked to name every needle (the field, its range)."""
     from dots.config import ConfigError, load_config

@@ -19,7 +19,7 @@ from dots.greso import SelectiveRollout
 from dots.rollout import Group
 from dots.trainer import Trainer
 
-from .conftest import refused, tiny_config
+from .conftest import refused, spy_rollouts, tiny_config
 
 G = 4  # responses per hand-made group
 REWARDS = {"easy": [1.0] * G, "hard": [0.0] * G, "varied": [1.0, 0.0, 1.0, 0.0]}
@@ -449,27 +449,13 @@ def _peer(pipeline_cfg, pipeline_data, method, run_dir, *extra, resume=False):
     return cfg, Trainer(cfg, method, stages.paths(cfg).policy, pool[:POOL], held, run_dir, resume=resume)
 
 
-def _spy(trainer) -> list[list[Group]]:
-    """Every step's rolled-out groups, one list per generation batch."""
-    calls: list[list[Group]] = []
-    inner = trainer._rollout
-
-    def rollout(idx):
-        groups = inner(idx)
-        calls.append(groups)
-        return groups
-
-    trainer._rollout = rollout
-    return calls
-
-
 @pytest.mark.parametrize("method", ["dapo", "greso"])
 def test_peer_steps_train_only_varied_groups_and_record_their_sampling(tiny_pipeline, pipeline_data, tmp_path,
                                                                       method):
     cfg, trainer = _peer(tiny_pipeline, pipeline_data, method, tmp_path / method, "train.steps=4")
     b, gs, t = cfg.train.batch_size, cfg.rollout.group_size, cfg.rollout.max_new_tokens
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    calls = _spy(trainer)
+    calls = spy_rollouts(trainer)
     trained, update = [], trainer._update
 
     def spy_update(groups, replayed):

@@ -14,7 +14,7 @@ from dots import stages
 from dots.models import load_policy
 from dots.trainer import Trainer, time_to_target
 
-from .conftest import tiny_config
+from .conftest import spy_rollouts, tiny_config
 
 BASE_NAMES = ("train/reward_mean", "train/loss", "train/effective_ratio", "train/policy_version", "time/step_s",
               "time/rollout_s", "time/update_s", "time/select_s", "time/elapsed_s")
@@ -454,15 +454,7 @@ def test_dots_records_the_pearson_ceiling_of_its_fresh_labels(tiny_pipeline, pip
     from dots.predictor_training import pearson_ceiling
 
     _, trainer = _trainer(tiny_pipeline, pipeline_data, "dots", tmp_path / "ceiling", "eval.probe_size=0")
-    seen = []
-    rollout = trainer._rollout
-
-    def recording(idx):
-        groups = rollout(idx)
-        seen.append(groups)
-        return groups
-
-    trainer._rollout = recording
+    seen = spy_rollouts(trainer)
     rec = trainer.train_step()
     assert "dots/pearson_ceiling" in rec
     fresh = seen[-1]  # the selected questions' rollouts come after the round's references
