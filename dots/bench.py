@@ -357,11 +357,18 @@ def paired_ratios(mine: list[dict], base: list[dict], key: str) -> dict:
             "ci90": median_interval(ratios)}
 
 
-def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] = ()) -> dict:
+def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] = (),
+              baseline_rows: dict[str, list[dict]] | None = None) -> dict:
     """Per arm: medians over seeds, their min–max spread, seed-paired ratios to grpo and, where
     the peer baselines ran, to each peer (`<ratio>_vs_<peer>`); a variant also to its own
     method (`<ratio>_vs_<method>`). A variant of grpo is another baseline: every other arm gets
-    its ratios to it too (`<ratio>_vs_<label>`), e.g. to grpo as a plain trainer runs it."""
+    its ratios to it too (`<ratio>_vs_<label>`), e.g. to grpo as a plain trainer runs it.
+
+    `baseline_rows[label]`: every arm's rows against that grpo variant's own target (its own
+    smoothed end point, see `baseline_targets`); its `_vs_<label>` ratios are read from them, so
+    a baseline that ends a little below grpo's end point is still a baseline (against grpo's
+    target it would never arrive, and every seed would drop out of the pairing)."""
+    baseline_rows = baseline_rows or {}
     runs = {m: [r for r in rows if r["method"] == m] for m in methods}
     grpo = runs.get("grpo", [])
     peers = [p for p in PEERS if p in methods]
@@ -380,12 +387,30 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
         own = [v.method] if v is not None and v.method in runs and v.method not in peers else []
         bases = [*peers, *own, *(b for b in other_bases if b != m)]
         for base, suffix in [(grpo, "")] + [(runs[b], f"_vs_{b}") for b in bases]:
+            b = suffix[len("_vs_"):]
+            mine_b, base_b = mine, base
+            if b in baseline_rows:  # against that baseline's own end point
+                mine_b = [r for r in baseline_rows[b] if r["method"] == m]
+                base_b = [r for r in baseline_rows[b] if r["method"] == b]
             for key, name in RATIOS:
-                pr = paired_ratios(mine, base, key)
+                pr = paired_ratios(mine_b, base_b, key)
                 stats[name + suffix] = pr["median"]
                 stats[f"{name}{suffix}_per_seed"] = pr["per_seed"]
                 stats[f"{name}{suffix}_ci90"] = pr["ci90"]
         out[m] = stats
+    return out
+
+
+def baseline_targets(rows: list[dict], variants: Sequence[Variant] = ()) -> dict[str, dict[int, float]]:
+    """Per variant of grpo, its own target for each seed: its own smoothed end point, as grpo's is
+    the bench's. Ratios to such a baseline measure who reaches *its* end point first; measured
+    against grpo's, a baseline that is the same gradient up to float order (train.skip_degenerate
+    off) missed it on 3 of 5 seeds and left no pair to compare."""
+    labels = {v.label for v in variants if v.method == "grpo"}
+    out: dict[str, dict[int, float]] = {}
+    for r in rows:
+        if r["method"] in labels and r.get("final_smoothed") is not None:
+            out.setdefault(r["method"], {})[r["seed"]] = r["final_smoothed"]
     return out
 
 
@@ -581,7 +606,8 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
             lines.append(f"| {m} | {base} with {', '.join(s['overrides'])} | " + " | ".join(cells) + " |")
     other_bases = [m for m in grpo_baselines(summary) if m in methods]
     if other_bases:
-        lines += _against(summary, methods, other_bases, "Against grpo's variants as baselines")
+        lines += _against(summary, methods, other_bases,
+                          "Against grpo's variants as baselines (target: each baseline's own smoothed end point)")
     if checks:
         lines += ["", "Does the task decide? (grpo, every seed)", "", "| check | per seed | target | met |",
                   "|---|---|---|---|"]
@@ -608,7 +634,10 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
         targets[s] = final_smoothed(json.loads(g.read_text()), cfg.eval.smooth) if g.exists() \
             else cfg.train.target_accuracy
     rows = [run_row(cfg, s, m, targets[s], variants, group[s]) for s, m in run_order(methods, seeds)]
-    summary = summarize(rows, methods, variants)
+    own_targets = baseline_targets(rows, variants)
+    baseline_rows = {b: [run_row(cfg, s, m, t.get(s), variants, group[s]) for s, m in run_order(methods, seeds)]
+                     for b, t in own_targets.items()}
+    summary = summarize(rows, methods, variants, baseline_rows)
     rnd = None
     if dataset is not None and Path(dataset).exists():
         rnd = predictor_round_seconds(dataset, ref_size=256, hidden=cfg.predictor.hidden, threads=cfg.train.threads)
@@ -617,7 +646,8 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
     table = render(rows, summary, goal_list, methods, checks)
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"date": time.strftime("%Y-%m-%d"), "methods": methods, "seeds": seeds,
-              "steps": cfg.train.steps, "targets": targets, "eval_metric": cfg.eval.metric,
+              "steps": cfg.train.steps, "targets": targets, "baseline_targets": own_targets,
+              "eval_metric": cfg.eval.metric,
               "eval_samples": cfg.eval.samples, "smooth": cfg.eval.smooth, "confidence": CONFIDENCE,
               "summary": summary, "task_checks": checks, "goals": goal_list,
               "predictor_round": rnd, "runs": rows,
