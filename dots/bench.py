@@ -17,8 +17,9 @@ Why it is built this way:
   evaluations does. The ratio to grpo is taken seed by seed; the median over seeds is
   reported with a 90% percentile-bootstrap interval over the seeds (scipy).
 - Beside seconds, costs that machine noise cannot move: response tokens sampled (references
-  included) and trained (the informative groups' tokens the update backpropagates) up to the
-  target, and seconds per informative group trained.
+  included) and trained (the tokens the update backpropagates) up to the target, and seconds
+  per group trained (with `train.skip_degenerate`, the default, exactly the informative groups;
+  with it off, every group of the batch).
 - The task itself is checked on every grpo seed (`task_checks`): learning must keep moving
   (at most half of the gain in the first 20% of the budget, a gain of at least 10 standard
   errors of the metric) and the pool must keep a frontier of half-solved questions.
@@ -562,7 +563,7 @@ def _against(summary: dict, methods: list[str], bases: list[str], title: str) ->
 def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list[str],
            checks: list[dict] | None = None) -> str:
     head = ("| method | seed | time-to-target (s) | steps | tokens sampled | tokens trained | final acc "
-            "| step (s) | rollout | update | select | s / informative group | effective ratio | staleness "
+            "| step (s) | rollout | update | select | s / group trained | effective ratio | staleness "
             "| dots/pearson |")
     lines = ["Per run (target = grpo's mean of its last evaluations, same seed):", "", head, "|" + "---|" * 15]
     for r in sorted(rows, key=lambda r: (methods.index(r["method"]), r["seed"])):
@@ -575,7 +576,7 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
                      f"{_f(r['dots_pearson'], '.2f')} |")
     lines += ["", "Medians over seeds; ratios to grpo are paired by seed, with 90% bootstrap intervals:", "",
               "| method | time ratio | steps ratio | tokens-sampled ratio | tokens-trained ratio | time-to-target (s) "
-              "| final acc | step (s) | s / informative group | effective ratio | staleness | dots/pearson "
+              "| final acc | step (s) | s / group trained | effective ratio | staleness | dots/pearson "
               "| reached |", "|" + "---|" * 13]
     for m in methods:
         s = summary[m]
