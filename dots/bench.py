@@ -369,8 +369,11 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
     smoothed end point, see `baseline_targets`); its `_vs_<label>` ratios are read from them, so
     a baseline that ends a little below grpo's end point is still a baseline (against grpo's
     target it would never arrive, and every seed would drop out of the pairing)."""
-    baseline_rows = baseline_rows or {}
-    runs = {m: [r for r in rows if r["method"] == m] for m in methods}
+    def by_arm(some: list[dict]) -> dict[str, list[dict]]:
+        return {m: [r for r in some if r["method"] == m] for m in methods}
+
+    runs = by_arm(rows)
+    runs_vs = {b: by_arm(rows_b) for b, rows_b in (baseline_rows or {}).items()}  # against b's own end point
     grpo = runs.get("grpo", [])
     peers = [p for p in PEERS if p in methods]
     by_label = {v.label: v for v in variants}
@@ -387,14 +390,13 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
             stats[f"{k}_spread"] = _spread([r.get(k) for r in mine])
         own = [v.method] if v is not None and v.method in runs and v.method not in peers else []
         bases = [*peers, *own, *(b for b in other_bases if b != m)]
-        for base, suffix in [(grpo, "")] + [(runs[b], f"_vs_{b}") for b in bases]:
-            b = suffix[len("_vs_"):]
-            mine_b, base_b = mine, base
-            if b in baseline_rows:  # against that baseline's own end point
-                mine_b = [r for r in baseline_rows[b] if r["method"] == m]
-                base_b = [r for r in baseline_rows[b] if r["method"] == b]
+        pairs = [(mine, grpo, "")]
+        for b in bases:
+            arm_rows = runs_vs.get(b, runs)
+            pairs.append((arm_rows[m], arm_rows[b], f"_vs_{b}"))
+        for mine_b, base, suffix in pairs:
             for key, name in RATIOS:
-                pr = paired_ratios(mine_b, base_b, key)
+                pr = paired_ratios(mine_b, base, key)
                 stats[name + suffix] = pr["median"]
                 stats[f"{name}{suffix}_per_seed"] = pr["per_seed"]
                 stats[f"{name}{suffix}_ci90"] = pr["ci90"]
