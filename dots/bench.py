@@ -521,15 +521,32 @@ def goals(summary: dict, cfg: Config, predictor_round: dict | None, rows: list[d
     return out
 
 
+def lockstep_groups(rows: list[dict]) -> list[list[dict]]:
+    """The rows that share one wall-clock: a seed's runs trained in lockstep, or (on a GPU,
+    one after another) each run alone. Rows without a wall-clock are left out."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("wall_s"):
+            groups.setdefault((r["seed"], tuple(r.get("lockstep") or [r["method"]])), []).append(r)
+    return list(groups.values())
+
+
 def overhead_shares(rows: list[dict]) -> list[float]:
     """Prefect + MLflow seconds over wall-clock, per lockstep group (a seed's runs share one
     wall-clock and one orchestration figure; each run has its own tracking seconds)."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        if r.get("wall_s") and (r.get("tracking_s") is not None or r.get("orchestration_s") is not None):
-            groups.setdefault((r["seed"], tuple(r.get("lockstep") or [r["method"]])), []).append(r)
+    groups = lockstep_groups([r for r in rows if r.get("tracking_s") is not None
+                              or r.get("orchestration_s") is not None])
     return [(sum(r["tracking_s"] or 0 for r in g) + max(r["orchestration_s"] or 0 for r in g))
-            / max(r["wall_s"] for r in g) for g in groups.values()]
+            / max(r["wall_s"] for r in g) for g in groups]
+
+
+def runs_wall_s(rows: list[dict]) -> float | None:
+    """The wall-clock the runs took when they were trained: each lockstep group's (its longest
+    run's) summed over groups, read from the runs' own summaries. Unlike `bench_wall_s` (the
+    seconds of the invocation that wrote the report), a report re-written later, every run
+    read back, keeps it."""
+    groups = lockstep_groups(rows)
+    return float(sum(max(r["wall_s"] for r in g) for g in groups)) if groups else None
 
 
 def _f(v, fmt: str) -> str:
@@ -653,7 +670,7 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
               "eval_metric": cfg.eval.metric,
               "eval_samples": cfg.eval.samples, "smooth": cfg.eval.smooth, "confidence": CONFIDENCE,
               "summary": summary, "task_checks": checks, "goals": goal_list,
-              "predictor_round": rnd, "runs": rows,
+              "predictor_round": rnd, "runs_wall_s": runs_wall_s(rows), "runs": rows,
               "variants": {v.label: {"method": v.method, "overrides": list(v.overrides)} for v in variants},
               **(extra or {})}
     write_text(out_dir / "summary.json", json.dumps(json_safe(result), indent=1))

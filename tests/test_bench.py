@@ -184,6 +184,19 @@ def test_a_rerun_reads_finished_runs_back_instead_of_training(bench_run):
     bench.run_bench(cfg, [0, 1], METHODS, root / "results2", variants=variants)
     assert records.stat().st_mtime_ns == before
     assert (root / "results2" / "table.md").exists()
+    # the runs' wall-clock survives a re-written report; the invocation's own seconds do not
+    first, again = (json.loads((root / d / "summary.json").read_text()) for d in ("results", "results2"))
+    assert again["runs_wall_s"] == pytest.approx(first["runs_wall_s"]) and first["runs_wall_s"] > 0
+
+
+def test_the_runs_wall_clock_counts_each_lockstep_group_once():
+    arms = ["grpo", "dots_rr"]
+    rows = [{**_row(m, s, 10.0, 100), "wall_s": w, "lockstep": arms} for s, m, w in
+            [(0, "grpo", 100.0), (0, "dots_rr", 120.0), (1, "grpo", 90.0), (1, "dots_rr", 80.0)]]
+    assert bench.runs_wall_s(rows) == pytest.approx(120.0 + 90.0)  # a seed's group: its longest run
+    alone = [{**_row(m, 0, 10.0, 100), "wall_s": w, "lockstep": None} for m, w in [("grpo", 30.0), ("rr", 40.0)]]
+    assert bench.runs_wall_s(alone) == pytest.approx(70.0)  # one after another (a GPU): each its own
+    assert bench.runs_wall_s([{**_row("grpo", 0, 10.0, 100), "wall_s": None}]) is None
 
 
 def test_a_variant_of_the_selection_params_reuses_the_grpo_and_rr_runs():
