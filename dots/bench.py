@@ -147,6 +147,13 @@ def parse_variant(text: str, cfg: Config) -> Variant:
     return variant
 
 
+def peer_arms(methods: Sequence[str], variant_of: dict[str, str | None]) -> list[str]:
+    """The arms every arm is paired with as a peer baseline (`<ratio>_vs_<arm>`): dapo and greso,
+    and their variants, e.g. greso at the learning rate that suits dots_rr too, so that dots_rr at
+    its better setting meets each peer at its own (against grpo's target, as every arm)."""
+    return [m for m in methods if m in PEERS or variant_of.get(m) in PEERS]
+
+
 def arm_config(cfg: Config, variant: Variant | None) -> Config:
     """The config one arm trains with: the bench's, with the variant's params when there is one."""
     if variant is None:
@@ -361,9 +368,10 @@ def paired_ratios(mine: list[dict], base: list[dict], key: str) -> dict:
 def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] = (),
               baseline_rows: dict[str, list[dict]] | None = None) -> dict:
     """Per arm: medians over seeds, their min–max spread, seed-paired ratios to grpo and, where
-    the peer baselines ran, to each peer (`<ratio>_vs_<peer>`); a variant also to its own
-    method (`<ratio>_vs_<method>`). A variant of grpo is another baseline: every other arm gets
-    its ratios to it too (`<ratio>_vs_<label>`), e.g. to grpo as a plain trainer runs it.
+    the peer baselines or their variants ran, to each of them (`<ratio>_vs_<peer>`, see
+    `peer_arms`); a variant also to its own method (`<ratio>_vs_<method>`). A variant of grpo
+    is another baseline: every other arm gets its ratios to it too (`<ratio>_vs_<label>`), e.g.
+    to grpo as a plain trainer runs it.
 
     `baseline_rows[label]`: every arm's rows against that grpo variant's own target (its own
     smoothed end point, see `baseline_targets`); its `_vs_<label>` ratios are read from them, so
@@ -375,8 +383,8 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
     runs = by_arm(rows)
     runs_vs = {b: by_arm(rows_b) for b, rows_b in (baseline_rows or {}).items()}  # against b's own end point
     grpo = runs.get("grpo", [])
-    peers = [p for p in PEERS if p in methods]
     by_label = {v.label: v for v in variants}
+    peers = peer_arms(methods, {label: v.method for label, v in by_label.items()})
     other_bases = [v.label for v in variants if v.method == "grpo" and v.label in methods]
     out: dict[str, dict] = {}
     for m in methods:
@@ -604,7 +612,7 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
                      f"{_f(s['step_s'], '.3f')} | {_f(s['s_per_group_trained'], '.4f')} | "
                      f"{_f(s['effective_ratio'], '.2f')} | {_f(s['staleness'], '.1f')} | "
                      f"{_f(s['dots_pearson'], '.2f')} | {s['reached_target']}/{len(s['seeds'])} |")
-    peers = [p for p in PEERS if p in methods]
+    peers = peer_arms(methods, {m: summary[m].get("variant_of") for m in methods})
     if peers:
         lines += _against(summary, methods, peers, "Against the peer baselines")
         lines += ["", "How the peers sample (medians of per-step means over seeds):", "",

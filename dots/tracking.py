@@ -416,11 +416,12 @@ def log_bench(cfg: Config, result: dict, artifacts: list[Path]) -> str:
     parent = tracker.parent()
     now = int(time.time() * 1000)
     metrics = []
-    # grpo's variants (dots.bench.grpo_baselines, not imported: it would join every stage's DVC lineage)
-    baselines = [m for m, stats in result["summary"].items() if stats.get("variant_of") == "grpo"]
+    # grpo's and the peers' variants, baselines every arm was paired with (dots.bench.grpo_baselines
+    # and peer_arms, not imported: it would join every stage's DVC lineage)
+    baselines = [m for m, stats in result["summary"].items() if stats.get("variant_of") in ("grpo", "dapo", "greso")]
     for method, stats in result["summary"].items():  # a variant's ratio to its own method too
         own = [f"time_to_target_ratio_vs_{stats['variant_of']}"] if stats.get("variant_of") else []
-        own += [f"time_to_target_ratio_vs_{b}" for b in baselines if b != method]  # grpo's variants as baselines
+        own += [f"time_to_target_ratio_vs_{b}" for b in baselines if b != method]  # variants as baselines
         for key in ("time_to_target_s", "time_to_target_ratio", "steps_to_target", "final_accuracy", "step_s",
                     "effective_ratio", "dots_pearson", "pearson_ceiling", "tokens_sampled_ratio",
                     "tokens_trained_ratio", "time_to_target_ratio_vs_dapo", "time_to_target_ratio_vs_greso",

@@ -660,6 +660,37 @@ def test_a_variant_of_grpo_is_a_baseline_every_other_arm_is_compared_with():
     assert next(x for x in section.splitlines() if x.startswith("| grpo_all |")).startswith("| grpo_all | — |")
 
 
+def test_a_variant_of_a_peer_is_a_peer_baseline_every_arm_is_paired_with():
+    """`greso_lr6e4=greso:train.lr=0.0006` beside `dots_rr_lr6e4`: dots_rr at the larger rate
+    meets greso at the same rate, paired by seed against grpo's target, in the peers' tables."""
+    from dots.config import Config
+
+    variants = [bench.Variant("dots_rr_lr6e4", "dots_rr", ("train.lr=0.0006",)),
+                bench.Variant("greso_lr6e4", "greso", ("train.lr=0.0006",))]
+    rows = []
+    for seed, (g, d, d6, p, p6) in enumerate([(10.0, 9.0, 6.0, 10.0, 8.0), (20.0, 18.0, 14.0, 20.0, 20.0),
+                                              (40.0, 36.0, 24.0, 40.0, 30.0)]):
+        rows += [_row("grpo", seed, g, 100), _row("dots_rr", seed, d, 80), _row("greso", seed, p, 70),
+                 _row("dots_rr_lr6e4", seed, d6, 60), _row("greso_lr6e4", seed, p6, 60)]
+    for r in rows:
+        if r["method"].startswith("greso"):
+            r.update(rollouts_per_step=110.0, gen_batches=1.4, short_share=0.0, skip_prob=0.4)
+    arms = bench.arms(["grpo", "dots_rr", "greso"], variants)
+    assert bench.peer_arms(arms, {v.label: v.method for v in variants}) == ["greso", "greso_lr6e4"]
+    s = bench.summarize(rows, arms, variants)
+    assert s["dots_rr_lr6e4"]["time_to_target_ratio_vs_greso_lr6e4_per_seed"] == pytest.approx([0.75, 0.7, 0.8])
+    assert s["dots_rr_lr6e4"]["time_to_target_ratio_vs_greso_per_seed"] == pytest.approx([0.6, 0.7, 0.6])
+    assert s["greso_lr6e4"]["time_to_target_ratio_vs_greso"] == pytest.approx(0.8)  # to its own method, once
+    assert s["dots_rr"]["time_to_target_ratio_vs_greso_lr6e4"] == pytest.approx(1.125)
+    assert "time_to_target_ratio_vs_dots_rr_lr6e4" not in s["greso"]  # a dots_rr variant is no baseline
+    table = bench.render(rows, s, bench.goals(s, Config(), None, rows), arms)
+    section = table.split("Against the peer baselines")[1].split("How the peers sample")[0]
+    assert "| time / greso | tokens sampled / greso | tokens trained / greso | time / greso_lr6e4 |" in section
+    line = next(x for x in section.splitlines() if x.startswith("| dots_rr_lr6e4 |"))
+    assert line.split(" | ")[4].startswith("0.75 [")  # time / greso_lr6e4, after greso's three cells
+    assert table.count("| greso_lr6e4 | 1.40 | 110.0 |") == 1  # the sampling table lists the peer's variant
+
+
 def test_a_grpo_variant_is_a_baseline_against_its_own_end_point():
     """grpo_all is grpo's gradient up to float order, and ended below grpo's end point on 3 of 5
     seeds (measured 2026-12-01): against grpo's target it never arrives and no seed could pair
