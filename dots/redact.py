@@ -20,9 +20,28 @@ _SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY|A
 _MIN_LEN = 8  # shorter values ("1", "true", a test's "testing") are not worth masking everywhere
 
 
+def environ_snapshot() -> dict[str, str]:
+    """A copy of `os.environ` that another thread changing it cannot break.
+
+    MLflow's telemetry thread sets and deletes `_MLFLOW_TELEMETRY_SESSION_ID` while a run
+    starts. Iterating `os.environ` meanwhile (`.items()`, `dict(os.environ)`) lists the key, then
+    reads it after it is gone: a KeyError that stopped a bench before its first step (measured
+    2026-12-02). So: list the keys (again, if the dict changed size while listed), then read each
+    with `get`, skipping those that vanished."""
+    for _ in range(100):
+        try:
+            keys = list(os.environ)
+            break
+        except RuntimeError:  # the dict changed size while it was listed
+            continue
+    else:
+        raise RuntimeError("os.environ kept changing while it was listed")
+    return {k: v for k in keys if (v := os.environ.get(k)) is not None}
+
+
 def secret_values() -> list[str]:
     """Values of the environment's secret-named variables, longest first."""
-    vals = {v for k, v in os.environ.items() if _SECRET_NAME.search(k.upper()) and len(v) >= _MIN_LEN}
+    vals = {v for k, v in environ_snapshot().items() if _SECRET_NAME.search(k.upper()) and len(v) >= _MIN_LEN}
     return sorted(vals, key=len, reverse=True)
 
 

@@ -52,6 +52,8 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
+from .redact import environ_snapshot
+
 
 def exact_match(text: str, answer: str) -> float:
     """1.0 when the decoded response is exactly the answer (whitespace ignored), else 0.0."""
@@ -215,7 +217,7 @@ class _Worker:
     def __init__(self) -> None:
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
-        env = dict(os.environ)
+        env = environ_snapshot()  # dict(os.environ) can die of MLflow's telemetry thread changing it
         pkg_root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:

@@ -23,7 +23,7 @@ import yaml
 from .atomic import atomic_path
 from .config import ConfigError, load_config
 from .progress import say
-from .redact import scrub
+from .redact import environ_snapshot, scrub
 
 
 class StageError(RuntimeError):
@@ -32,7 +32,7 @@ class StageError(RuntimeError):
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Our venv's bin first on PATH, so stage commands (`dots ...`) resolve to this install."""
-    env = dict(os.environ)
+    env = environ_snapshot()  # dict(os.environ) can die of MLflow's telemetry thread changing it
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env["PYTHONUNBUFFERED"] = "1"  # stage output reaches the caller as it is printed, not at exit

@@ -525,6 +525,48 @@ def test_scrub_masks_uri_passwords_and_secret_env_values(monkeypatch, capsys):
     assert "pa55word" not in out and "tok-0123456789" not in out and "visible-value" in out
 
 
+def test_the_environment_is_read_safely_while_another_thread_changes_it(monkeypatch):
+    """Measured 2026-12-02: MLflow's telemetry thread deleted `_MLFLOW_TELEMETRY_SESSION_ID`
+    between `os.environ.items()` listing it and reading it, and the KeyError stopped a bench
+    before its first step. Here that race is made certain: a key listed, then gone, and a
+    listing that first fails because the dict changed size."""
+    from collections.abc import MutableMapping
+
+    from dots import redact
+
+    class Racing(MutableMapping):
+        def __init__(self, data):
+            self.data, self.listings = dict(data), 0
+
+        def __iter__(self):
+            self.listings += 1
+            if self.listings == 1:
+                raise RuntimeError("dictionary changed size during iteration")
+            yield from [*self.data, "_MLFLOW_TELEMETRY_SESSION_ID"]  # listed, deleted before it is read
+
+        def __getitem__(self, key):
+            return self.data[key]
+
+        def __setitem__(self, key, value):
+            self.data[key] = value
+
+        def __delitem__(self, key):
+            del self.data[key]
+
+        def __len__(self):
+            return len(self.data)
+
+    racing = Racing({"MLFLOW_TRACKING_TOKEN": "tok-0123456789", "PATH": "/bin"})
+    old = Racing(racing.data)
+    old.listings = 1  # past the size change
+    with pytest.raises(KeyError):  # the old read, `os.environ.items()`, on such a mapping
+        dict(old.items())
+    monkeypatch.setattr(redact.os, "environ", racing)
+    assert redact.environ_snapshot() == {"MLFLOW_TRACKING_TOKEN": "tok-0123456789", "PATH": "/bin"}
+    assert racing.listings == 2  # listed again after the size change
+    assert redact.scrub("token tok-0123456789") == "token ***"
+
+
 def test_flow_overrides_cannot_move_outputs_out_of_the_repo(tmp_path, ledger):
     from dots import versioning
     from dots.config import ConfigError
