@@ -416,16 +416,16 @@ def log_bench(cfg: Config, result: dict, artifacts: list[Path]) -> str:
     parent = tracker.parent()
     now = int(time.time() * 1000)
     metrics = []
-    # grpo's and the peers' variants, baselines every arm was paired with (dots.bench.grpo_baselines
-    # and peer_arms, not imported: it would join every stage's DVC lineage)
-    baselines = [m for m, stats in result["summary"].items() if stats.get("variant_of") in ("grpo", "dapo", "greso")]
-    for method, stats in result["summary"].items():  # a variant's ratio to its own method too
-        own = [f"time_to_target_ratio_vs_{stats['variant_of']}"] if stats.get("variant_of") else []
-        own += [f"time_to_target_ratio_vs_{b}" for b in baselines if b != method]  # variants as baselines
+    for method, stats in result["summary"].items():
+        # its ratio to every baseline dots.bench.summarize paired it with (the peers, their and
+        # grpo's variants, a variant's own method), read from the summary's keys rather than
+        # decided again here, where dots.bench may not be imported (it would join every stage's
+        # DVC lineage)
+        paired = [k for k in stats
+                  if k.startswith("time_to_target_ratio_vs_") and not k.endswith(("_per_seed", "_ci90"))]
         for key in ("time_to_target_s", "time_to_target_ratio", "steps_to_target", "final_accuracy", "step_s",
                     "effective_ratio", "dots_pearson", "pearson_ceiling", "tokens_sampled_ratio",
-                    "tokens_trained_ratio", "time_to_target_ratio_vs_dapo", "time_to_target_ratio_vs_greso",
-                    "rollouts_per_step", *dict.fromkeys(own)):
+                    "tokens_trained_ratio", "rollouts_per_step", *paired):
             value = stats.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value):
                 metrics.append(Metric(f"bench/{key}/{method}", float(value), now, 0))

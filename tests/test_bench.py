@@ -660,11 +660,9 @@ def test_a_variant_of_grpo_is_a_baseline_every_other_arm_is_compared_with():
     assert next(x for x in section.splitlines() if x.startswith("| grpo_all |")).startswith("| grpo_all | — |")
 
 
-def test_a_variant_of_a_peer_is_a_peer_baseline_every_arm_is_paired_with():
-    """`greso_lr6e4=greso:train.lr=0.0006` beside `dots_rr_lr6e4`: dots_rr at the larger rate
-    meets greso at the same rate, paired by seed against grpo's target, in the peers' tables."""
-    from dots.config import Config
-
+def _peer_variant_bench() -> tuple[list, list[str], list[dict]]:
+    """(variants, arms, rows) of a hand-made bench of grpo, dots_rr and greso with both of the
+    latter also at lr 6e-4: dots_rr_lr6e4 takes 0.75, 0.7 and 0.8 of greso_lr6e4's time."""
     variants = [bench.Variant("dots_rr_lr6e4", "dots_rr", ("train.lr=0.0006",)),
                 bench.Variant("greso_lr6e4", "greso", ("train.lr=0.0006",))]
     rows = []
@@ -675,7 +673,15 @@ def test_a_variant_of_a_peer_is_a_peer_baseline_every_arm_is_paired_with():
     for r in rows:
         if r["method"].startswith("greso"):
             r.update(rollouts_per_step=110.0, gen_batches=1.4, short_share=0.0, skip_prob=0.4)
-    arms = bench.arms(["grpo", "dots_rr", "greso"], variants)
+    return variants, bench.arms(["grpo", "dots_rr", "greso"], variants), rows
+
+
+def test_a_variant_of_a_peer_is_a_peer_baseline_every_arm_is_paired_with():
+    """`greso_lr6e4=greso:train.lr=0.0006` beside `dots_rr_lr6e4`: dots_rr at the larger rate
+    meets greso at the same rate, paired by seed against grpo's target, in the peers' tables."""
+    from dots.config import Config
+
+    variants, arms, rows = _peer_variant_bench()
     assert bench.peer_arms(arms, {v.label: v.method for v in variants}) == ["greso", "greso_lr6e4"]
     s = bench.summarize(rows, arms, variants)
     assert s["dots_rr_lr6e4"]["time_to_target_ratio_vs_greso_lr6e4_per_seed"] == pytest.approx([0.75, 0.7, 0.8])
@@ -689,6 +695,32 @@ def test_a_variant_of_a_peer_is_a_peer_baseline_every_arm_is_paired_with():
     line = next(x for x in section.splitlines() if x.startswith("| dots_rr_lr6e4 |"))
     assert line.split(" | ")[4].startswith("0.75 [")  # time / greso_lr6e4, after greso's three cells
     assert table.count("| greso_lr6e4 | 1.40 | 110.0 |") == 1  # the sampling table lists the peer's variant
+
+
+def test_mlflow_holds_every_ratio_an_arm_was_paired_with_and_no_other(tmp_path, monkeypatch):
+    """The bench's parent run holds `bench/time_to_target_ratio_vs_<baseline>/<arm>` for exactly
+    the pairings the summary made: the peers, the peers' variants (greso_lr6e4), a variant's own
+    method; none for a pairing the summary did not make (greso against dots_rr_lr6e4)."""
+    from dots.tracking import log_bench
+
+    from .conftest import mlflow_runs
+
+    monkeypatch.setenv("DOTS_PIPELINE_ID", "bench-test-ratios")
+    variants, arms, rows = _peer_variant_bench()
+    summary = bench.summarize(rows, arms, variants)
+    cfg = load_config(None, [f"paths.root={tmp_path / 'art'}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    parent = log_bench(cfg, {"summary": summary, "runs": []}, [])
+    client, _ = mlflow_runs(tmp_path / "mlflow.db")
+    logged = {k: v for k, v in client.get_run(parent).data.metrics.items()
+              if k.startswith("bench/time_to_target_ratio_vs_")}
+    expected = {f"bench/{k}/{m}": v for m, stats in summary.items() for k, v in stats.items()
+                if k.startswith("time_to_target_ratio_vs_") and isinstance(v, float) and math.isfinite(v)}
+    assert logged == pytest.approx(expected)
+    assert logged["bench/time_to_target_ratio_vs_greso_lr6e4/dots_rr_lr6e4"] == pytest.approx(0.75)
+    assert logged["bench/time_to_target_ratio_vs_greso/greso_lr6e4"] == pytest.approx(0.8)  # to its own method
+    assert logged["bench/time_to_target_ratio_vs_dots_rr/dots_rr_lr6e4"] == pytest.approx(
+        summary["dots_rr_lr6e4"]["time_to_target_ratio_vs_dots_rr"])
+    assert "bench/time_to_target_ratio_vs_dots_rr_lr6e4/greso" not in logged  # a dots_rr variant is no baseline
 
 
 def test_a_grpo_variant_is_a_baseline_against_its_own_end_point():
