@@ -191,7 +191,7 @@ def run_fingerprint(cfg: Config, seed: int, method: str, group: str = "") -> str
     """What a run's figures depend on: the params its method reads, its seed, how it was timed
     and, in lockstep, which runs it was timed beside (`group`, see `lockstep_group`)."""
     scfg = seed_config(cfg, seed)
-    return scfg.fingerprint(("paths", "train.method", "train.methods", "tracking", *UNUSED[method])) + \
+    return scfg.fingerprint(("paths", "train.method", "train.methods", "tracking", *UNUSED[method]), method) + \
         f"/{timing(cfg)}" + (f"-{group}" if group else "")
 
 

@@ -390,7 +390,7 @@ def _open_run(cfg: Config, method: str, resume: bool, run_dir: Path | None, chec
         from .tracking import LiveLogger, Tracker  # noqa: PLC0415
 
         logger = LiveLogger(Tracker(cfg), name or method, cfg.tracking.log_every,
-                            fallback=run_dir / "mlflow_fallback.jsonl", seed=seed_tag)
+                            fallback=run_dir / "mlflow_fallback.jsonl", seed=seed_tag, trains=method)
 
     def on_step(rec: dict) -> None:
         if bar is not None:

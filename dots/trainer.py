@@ -97,7 +97,7 @@ class Trainer:
         if cfg.loss.beta > 0:
             self.ref_model = load_policy(policy_dir, dtype)[0].to(self.device).eval().requires_grad_(False)
         self.engine = engine_for(cfg, self.model, self.tokenizer, seed=cfg.train.seed)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, weight_decay=0.0)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.rate_for(method), weight_decay=0.0)
         self.np_rng = np.random.default_rng(cfg.train.seed)
         self.gen = torch.Generator().manual_seed(cfg.train.seed)
         self.prompts = self.io.encode(self.tokenizer, pool)
@@ -431,7 +431,7 @@ class Trainer:
         """What a checkpoint is valid for: every param that changes the trajectory (a longer
         `train.steps`, other threads or checkpoint spacing may resume)."""
         return self.cfg.fingerprint(("paths", "train.method", "train.methods", "train.threads",
-                                     "train.checkpoint_every", "train.steps")) + ":" + self.policy_identity
+                                     "train.checkpoint_every", "train.steps"), self.method) + ":" + self.policy_identity
 
     def _checkpoint(self) -> None:
         if self.sharded:  # every rank takes part in gathering the full model and optimizer state

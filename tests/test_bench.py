@@ -221,8 +221,8 @@ def test_in_lockstep_a_changed_arm_retrains_its_whole_group_and_one_by_one_it_do
     assert gb and gv and gb != gv and gb == bench.lockstep_group(base, 0, METHODS[::-1])
     assert bench.run_dirs(base, 0, "grpo", gb) != bench.run_dirs(variant, 0, "grpo", gv)
     assert bench.run_fingerprint(base, 0, "grpo", gb) != bench.run_fingerprint(variant, 0, "grpo", gv)
-    v = bench.parse_variant("every4=dots_rr:selection.every=4", base)
-    assert bench.lockstep_group(base, 0, METHODS) != bench.lockstep_group(base, 0, [*METHODS, "every4"], [v])
+    v = bench.parse_variant("every2=dots_rr:selection.every=2", base)
+    assert bench.lockstep_group(base, 0, METHODS) != bench.lockstep_group(base, 0, [*METHODS, "every2"], [v])
     monkeypatch.setattr(bench, "timing", lambda c: "alone")
     assert bench.lockstep_group(base, 0, METHODS) == bench.lockstep_group(variant, 0, METHODS) == ""
 
@@ -541,17 +541,17 @@ def test_orchestration_is_what_a_seed_task_spent_outside_its_training_calls():
     assert orchestration_per_group(5.0, {"grpo": {}}) is None
 
 
-EVERY4 = "every4=dots_rr:selection.every=4"
+EVERY2 = "every2=dots_rr:selection.every=2"  # selection.every defaults to 4
 
 
 def test_a_variant_is_parsed_and_refused_before_any_work_with_the_reason():
     from dots.config import Config, ConfigError
 
     cfg = Config()
-    v = bench.parse_variant("every4=dots_rr:selection.every=4, replay.recency=0.1", cfg)
-    assert v == bench.Variant("every4", "dots_rr", ("selection.every=4", "replay.recency=0.1"))
-    method, vcfg = bench.resolve(cfg, "every4", [v])
-    assert method == "dots_rr" and vcfg.selection.every == 4 and vcfg.replay.recency == 0.1
+    v = bench.parse_variant("every2=dots_rr:selection.every=2, replay.recency=0.1", cfg)
+    assert v == bench.Variant("every2", "dots_rr", ("selection.every=2", "replay.recency=0.1"))
+    method, vcfg = bench.resolve(cfg, "every2", [v])
+    assert method == "dots_rr" and vcfg.selection.every == 2 and vcfg.replay.recency == 0.1
     assert bench.resolve(cfg, "grpo", [v]) == ("grpo", cfg)
     # its own run folder, beside the method's (a different config), never the method's own
     assert bench.run_dirs(vcfg, 0, "dots_rr") != bench.run_dirs(cfg, 0, "dots_rr")
@@ -561,8 +561,11 @@ def test_a_variant_is_parsed_and_refused_before_any_work_with_the_reason():
            "e=dots_rr:selection.every=0": "selection.every", "e=dots_rr:selection.every": "not KEY=VALUE",
            "e=dots_rr:selection.ref_size=64": "shared stages read it",
            "e=dots_rr:train.seed=3": "every arm of a bench shares it",
-           "e=grpo:selection.every=4": "grpo does not read selection.every=4",
-           "e=dots_rr:selection.every=2": "the variant would be the dots_rr run itself"}
+           "e=grpo:selection.every=2": "grpo does not read selection.every=2",
+           "e=dots_rr:selection.every=4": "the variant would be the dots_rr run itself",
+           # the rate dots_rr trains with already (train.lr_by_method), and another method's rate
+           "e=dots_rr:train.lr=0.0006": "the variant would be the dots_rr run itself",
+           "e=grpo:train.lr_by_method.dots_rr=0.001": "grpo does not read train.lr_by_method.dots_rr=0.001"}
     for text, why in bad.items():
         with pytest.raises(ConfigError, match=re.escape(why)):
             bench.parse_variant(text, cfg)
@@ -580,7 +583,7 @@ def test_a_variant_without_its_method_in_the_bench_is_refused(tmp_path):
     from dots.config import ConfigError
 
     cfg = bench.bench_config(load_config(None, [f"paths.root={tmp_path}"]))
-    v = bench.parse_variant(EVERY4, cfg)
+    v = bench.parse_variant(EVERY2, cfg)
     with pytest.raises(ConfigError, match="its method dots_rr must be benched too"):
         bench.run_bench(cfg, [0], ["grpo", "dots"], tmp_path / "out", variants=[v])
     with pytest.raises(ConfigError, match="labels must differ"):
@@ -592,7 +595,7 @@ def test_a_variant_trains_in_its_methods_lockstep_group_with_its_own_config(monk
     from dots import stages
 
     cfg = bench.bench_config(load_config(None, [f"paths.root={tmp_path}", "train.device=cpu"]))
-    v = bench.parse_variant(EVERY4, cfg)
+    v = bench.parse_variant(EVERY2, cfg)
     seen = {}
 
     def fake(scfg, specs, seed_tag=None):
@@ -600,18 +603,18 @@ def test_a_variant_trains_in_its_methods_lockstep_group_with_its_own_config(monk
             seen[s.name] = (s.method, s.cfg.selection.every, s.cfg.train.seed, s.run_dir)
         return {s.name: {"steps": 1} for s in specs}
     monkeypatch.setattr(stages, "train_lockstep", fake)
-    out = bench.train_seed(cfg, 3, ["grpo", "dots_rr", "every4"], [v])
-    assert sorted(out) == ["dots_rr", "every4", "grpo"]
-    assert seen["every4"][:3] == ("dots_rr", 4, 3) and seen["dots_rr"][:3] == ("dots_rr", 2, 3)
-    assert seen["every4"][3] != seen["dots_rr"][3]
-    vcfg, group = bench.arm_config(cfg, v), bench.lockstep_group(cfg, 3, ["grpo", "dots_rr", "every4"], [v])
-    assert seen["every4"][3] == bench.run_dirs(vcfg, 3, "dots_rr", group)[0]
-    assert json.loads((seen["every4"][3] / "summary.json").read_text())["bench_fingerprint"] \
+    out = bench.train_seed(cfg, 3, ["grpo", "dots_rr", "every2"], [v])
+    assert sorted(out) == ["dots_rr", "every2", "grpo"]
+    assert seen["every2"][:3] == ("dots_rr", 2, 3) and seen["dots_rr"][:3] == ("dots_rr", 4, 3)
+    assert seen["every2"][3] != seen["dots_rr"][3]
+    vcfg, group = bench.arm_config(cfg, v), bench.lockstep_group(cfg, 3, ["grpo", "dots_rr", "every2"], [v])
+    assert seen["every2"][3] == bench.run_dirs(vcfg, 3, "dots_rr", group)[0]
+    assert json.loads((seen["every2"][3] / "summary.json").read_text())["bench_fingerprint"] \
         == bench.run_fingerprint(vcfg, 3, "dots_rr", group)
     assert bench.finished_run(vcfg, 3, "dots_rr", group) is not None
     assert bench.finished_run(vcfg, 3, "dots_rr") is None  # not a run of a group without the variant
     seen.clear()  # a second call reads every arm back and trains nothing
-    assert sorted(bench.train_seed(cfg, 3, ["every4", "grpo", "dots_rr"], [v])) == ["dots_rr", "every4", "grpo"]
+    assert sorted(bench.train_seed(cfg, 3, ["every2", "grpo", "dots_rr"], [v])) == ["dots_rr", "every2", "grpo"]
     assert seen == {}
 
 

@@ -152,3 +152,32 @@ def test_choosing_vllm_without_the_gpu_extra_is_a_clear_error():
     model = build_model(load_config(None).model, tok)
     with pytest.raises(RuntimeError, match=r"dots\[gpu\]"):
         make_engine("vllm", model, tok, 8)
+
+
+def test_each_method_trains_at_its_own_rate_unless_train_lr_sets_every_one():
+    """train.lr null: each method's rate from train.lr_by_method; a number overrides them all,
+    so `-S train.lr=0.0003` (or `dvc exp run -S train.lr=...`) is the old one-rate bench."""
+    cfg = load_config(REPO / "params.yaml")
+    assert cfg.train.lr is None
+    assert {m: cfg.train.rate_for(m) for m in ("grpo", "rr", "dots_rr", "greso")} == \
+        {"grpo": 3e-4, "rr": 3e-4, "dots_rr": 6e-4, "greso": 6e-4}
+    one = load_config(REPO / "params.yaml", ["train.lr=0.001"])
+    assert {one.train.rate_for(m) for m in ("grpo", "dots", "rr", "dots_rr", "dapo", "greso")} == {0.001}
+    assert load_config(None, ["train.lr_by_method.grpo=0.002"]).train.rate_for("grpo") == 0.002
+
+
+def test_a_rate_per_method_is_checked_and_named():
+    refused(["train.lr_by_method.dots_rr=1.5"], "train.lr_by_method: rates must be in (0, 1)")
+    refused(["train.lr_by_method.ppo=0.1"], "train.lr_by_method.ppo")
+    # a method the map does not name keeps its measured rate
+    partial = load_config(None, ["train.lr_by_method={grpo: 0.0001}"]).train
+    assert (partial.rate_for("grpo"), partial.rate_for("greso")) == (0.0001, 6e-4)
+
+
+def test_a_runs_fingerprint_holds_its_own_rate_not_the_other_methods():
+    """Changing greso's rate leaves a dots_rr run's key (and its checkpoints) valid; changing its own does not."""
+    base = Config()
+    other = load_config(None, ["train.lr_by_method.greso=0.0001"])
+    assert base.fingerprint(method="dots_rr") == other.fingerprint(method="dots_rr")
+    assert base.fingerprint(method="greso") != other.fingerprint(method="greso")
+    assert base.fingerprint(method="dots_rr") == load_config(None, ["train.lr=0.0006"]).fingerprint(method="dots_rr")

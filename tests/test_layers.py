@@ -33,4 +33,6 @@ def test_config_defaults_are_the_shipped_params():
     defaults = Config().model_dump()
     differ = {k for k in shipped if shipped[k] != defaults[k]}
     assert not differ, f"Config defaults differ from params.yaml in sections {sorted(differ)}"
-    assert yaml.safe_load((ROOT / "params.yaml").read_text())["train"]["lr"] == Config().train.lr
+    shipped_train = yaml.safe_load((ROOT / "params.yaml").read_text())["train"]
+    assert shipped_train["lr"] == Config().train.lr
+    assert shipped_train["lr_by_method"] == Config().train.lr_by_method
