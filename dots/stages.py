@@ -390,7 +390,8 @@ def _open_run(cfg: Config, method: str, resume: bool, run_dir: Path | None, chec
         from .tracking import LiveLogger, Tracker  # noqa: PLC0415
 
         logger = LiveLogger(Tracker(cfg), name or method, cfg.tracking.log_every,
-                            fallback=run_dir / "mlflow_fallback.jsonl", seed=seed_tag, trains=method)
+                            fallback=run_dir / "mlflow_fallback.jsonl", seed=seed_tag,
+                            params={"train.lr_used": cfg.train.rate_for(method)})  # train.lr may be null
 
     def on_step(rec: dict) -> None:
         if bar is not None:

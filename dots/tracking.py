@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import METHODS, Config
+from .config import Config
 from .redact import scrub, scrub_tree
 
 PIPELINE_TAG, LOGGED_TAG = "dots.pipeline", "dots.logged_step"
@@ -146,9 +146,9 @@ class Tracker:
         by_seed = "" if seed is None else f" and tags.seed = '{seed}'"
         return self._find(f"and tags.method = '{method}' and tags.`dots.role` = 'train'{by_seed}")
 
-    def child(self, method: str, seed: int | None = None, trains: str | None = None) -> tuple[str, int]:
+    def child(self, method: str, seed: int | None = None, params: dict[str, Any] | None = None) -> tuple[str, int]:
         """(run id, last logged step) of the method's child run (one per seed in a benchmark),
-        created when missing. `trains`: the method a bench variant's label stands for."""
+        created when missing, with `params` beside the config's."""
         parent = self.parent()
         run = self.find_child(method, seed)
         if run is not None:
@@ -158,17 +158,14 @@ class Tracker:
         run = self.client.create_run(self.experiment_id, run_name=method if seed is None else f"{method}/seed{seed}",
                                      tags=self._tags(method=method, **extra, **{
                                          "mlflow.parentRunId": parent, "dots.role": "train", LOGGED_TAG: "0"}))
-        self._log_params(run.info.run_id, trains or method)
+        self._log_params(run.info.run_id, params)
         return run.info.run_id, 0
 
-    def _log_params(self, run_id: str, method: str | None = None) -> None:
-        """The flattened config; a method's run adds `train.lr_used`, the rate it trains with
-        (train.lr, or its own from train.lr_by_method when train.lr is null)."""
+    def _log_params(self, run_id: str, extra: dict[str, Any] | None = None) -> None:
+        """The flattened config, and `extra` (a training run's `train.lr_used`)."""
         from mlflow.entities import Param  # noqa: PLC0415
 
-        flat = self.cfg.flat()
-        if method in METHODS:
-            flat["train.lr_used"] = self.cfg.train.rate_for(method)
+        flat = {**self.cfg.flat(), **(extra or {})}
         params = [Param(k, scrub(str(v))[:6000]) for k, v in flat.items()]
         for i in range(0, len(params), 100):
             self.client.log_batch(run_id, params=params[i:i + 100])
@@ -307,9 +304,9 @@ class LiveLogger:
     """
 
     def __init__(self, tracker: Tracker, method: str, every: int, fallback: str | Path | None = None,
-                 seed: int | None = None, trains: str | None = None):
+                 seed: int | None = None, params: dict[str, Any] | None = None):
         self.tracker, self.every = tracker, every
-        self.run_id, self.logged = tracker.child(method, seed, trains)  # unreachable store: fails here, before training
+        self.run_id, self.logged = tracker.child(method, seed, params)  # unreachable store: fails here, before training
         self.start_ms = int(time.time() * 1000)
         self.buffer: list[dict] = []
         self.fallback = Path(fallback) if fallback is not None else None

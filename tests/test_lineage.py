@@ -28,6 +28,8 @@ SECTIONS = set(Config.model_fields)
 NOT_RESULTS = {"paths", "tracking"}
 # Set by the stage's command line (`dots train --method ${item}`), not read from params.yaml.
 FROM_COMMAND = {"train.method"}
+# Config methods, by the params they read.
+DERIVED = {"train.rate_for": {"train.lr", "train.lr_by_method"}}
 
 
 def _dvc_stages() -> dict:
@@ -93,6 +95,7 @@ def params_read(trees: list[ast.AST]) -> set[str]:
             if isinstance(n, ast.Attribute) and n.attr in SECTIONS and _is_config(n.value):
                 parent = parents.get(n)
                 out.add(f"{n.attr}.{parent.attr}" if isinstance(parent, ast.Attribute) else n.attr)
+    out = set().union(*(DERIVED.get(p, {p}) for p in out))
     return {p for p in out if p.split(".")[0] not in NOT_RESULTS and p not in FROM_COMMAND}
 
 

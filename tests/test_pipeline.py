@@ -161,6 +161,8 @@ def test_mlflow_store_has_parent_children_names_tags_and_plot(flow_repo):
         history = client.get_metric_history(run.info.run_id, "train/loss")
         assert sorted(m.step for m in history) == [1, 2, 3, 4]
     assert DOTS_RR_EXTRA <= set(children["dots_rr"].data.metrics)
+    # train.lr is null by default: each run records the rate it trained with
+    assert {m: float(r.data.params["train.lr_used"]) for m, r in children.items()} == {"grpo": 3e-4, "dots_rr": 6e-4}
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"learning_curve.png", "table.md", "comparison.json", "config.json", "metrics.json"} <= artifacts
     png = Path(client.download_artifacts(parent.info.run_id, "learning_curve.png"))
