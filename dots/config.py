@@ -202,6 +202,9 @@ class ReplayConfig(_Section):
     delta: float = _range(0, 1, lo_open=True, default=0.5, desc="fresh share of each batch (1 = no replay)")
     recency: float = _range(0, None, default=0.0, desc="replay sampling weight exp(-recency x age in steps); 0: "
                                                        "uniform (the paper)")
+    fill: bool = Field(default=False, description="beyond the paper: a fresh group that comes back degenerate "
+                                                  "gives its slot to one more replayed group, so a step trains "
+                                                  "a full batch of informative groups (false: the paper)")
 
 
 class DapoConfig(_Section):

@@ -34,21 +34,25 @@ class ReplayBuffer:
         self._groups.append(group)
         return True
 
-    def sample(self, k: int, rng: np.random.Generator, recency: float = 0.0) -> list[Group]:
+    def sample(self, k: int, rng: np.random.Generator, recency: float = 0.0,
+               exclude: list[Group] | tuple = ()) -> list[Group]:
         """Up to k distinct groups; fewer when the buffer holds fewer (the caller generates the
         shortfall fresh). Uniform by default (the paper); `recency` > 0 weighs a group by
         exp(−recency · age), age in policy versions behind the newest group, so replay leans
-        to fresher, less off-policy groups."""
-        k = min(k, len(self._groups))
+        to fresher, less off-policy groups. `exclude`: groups already drawn this step (a second
+        draw never repeats them)."""
+        taken = {id(g) for g in exclude}
+        candidates = [g for g in self._groups if id(g) not in taken]
+        k = min(k, len(candidates))
         if k <= 0:
             return []
         weights = None
         if recency > 0:
             versions = np.array([g.version for g in self._groups], dtype=np.float64)
-            w = np.exp(-recency * (versions.max() - versions))
+            w = np.exp(-recency * (versions.max() - np.array([g.version for g in candidates], dtype=np.float64)))
             weights = w / w.sum()
-        idx = rng.choice(len(self._groups), size=k, replace=False, p=weights)
-        return [self._groups[int(i)] for i in idx]
+        idx = rng.choice(len(candidates), size=k, replace=False, p=weights)
+        return [candidates[int(i)] for i in idx]
 
     @staticmethod
     def staleness(groups: list[Group], version: int) -> list[int]:

@@ -49,9 +49,9 @@ def test_online_refit_moves_a_biased_calibration_towards_what_was_observed():
     assert all(torch.equal(v, pred.state_dict()[k]) for k, v in towers.items())
 
 
-def test_dots_rr_with_both_switches_trains_and_resumes_exactly(tiny_pipeline, pipeline_data, tmp_path):
+def test_dots_rr_with_every_switch_trains_and_resumes_exactly(tiny_pipeline, pipeline_data, tmp_path):
     extra = ("train.steps=6", "train.checkpoint_every=3", "eval.every=3", "selection.online_calibration=true",
-             "replay.recency=0.1")
+             "replay.recency=0.1", "replay.fill=true")
     calibration = pipeline_data[3].calibration.state_dict()
     _, whole = _trainer(tiny_pipeline, pipeline_data, "dots_rr", tmp_path / "whole", *extra)
     full = whole.run()

@@ -174,3 +174,57 @@ def test_reported_staleness_counts_the_policy_versions_behind(tiny_pipeline, tmp
     assert rec["replay/staleness_max"] == 5 - 1
     assert rec["replay/staleness_mean"] == pytest.approx(((5 - 1) + (5 - 2) + (5 - 4)) / 3)
     assert rec["train/policy_version"] == 6
+
+
+def test_sample_never_returns_an_excluded_group():
+    buf = ReplayBuffer(10)
+    groups = [make_group(INFORMATIVE, qid=q) for q in range(6)]
+    for g in groups:
+        buf.add(g)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        first = buf.sample(4, rng)
+        second = buf.sample(4, rng, exclude=first)
+        assert len(second) == 2  # only 2 of the 6 are left to draw
+        assert not {id(g) for g in first} & {id(g) for g in second}
+    assert buf.sample(3, rng, recency=0.5, exclude=groups) == []
+
+
+def test_fill_gives_each_degenerate_fresh_slot_to_one_more_replayed_group(tiny_pipeline, tmp_path):
+    """replay.fill: with 8 groups a step and delta 0.5, 4 are replayed and 4 fresh; when 3 of
+    the fresh ones come back degenerate, 3 more distinct groups are replayed (never one of
+    this step's fresh groups), so the update sees 4 + 3 replayed and 1 informative fresh."""
+    cfg = tiny_config(tiny_pipeline.root, "train.batch_size=8", "replay.delta=0.5", "replay.fill=true")
+    pool, held = stages.load_data(cfg)
+    trainer = Trainer(cfg, "rr", stages.paths(cfg).policy, pool, held, tmp_path / "rr", resume=False)
+    stored = [make_group(INFORMATIVE, qid=100 + q, version=0) for q in range(10)]
+    for g in stored:
+        trainer.buffer.add(g)
+    fresh = [make_group(INFORMATIVE, qid=1, version=1)] + [make_group([1.0] * 4, qid=q, version=1) for q in (2, 3, 4)]
+    trainer._fresh_groups = lambda n, rec, timers: fresh[:n]
+    seen = {}
+
+    def no_update(groups, replayed):  # only the batch composition is under test
+        seen["groups"], seen["replayed"] = groups, replayed
+        return 0.0, {}
+
+    trainer._update = no_update
+    rec = trainer.train_step()
+    replayed = seen["replayed"]
+    assert len(replayed) == 4 + 3 and rec["replay/filled"] == 3
+    assert len({id(g) for g in replayed}) == 7 and all(any(g is s for s in stored) for g in replayed)
+    assert len(seen["groups"]) == 4 + 7 and sum(g.informative for g in seen["groups"]) == 8
+    assert rec["replay/fraction"] == pytest.approx(7 / 11)
+
+
+def test_fill_is_off_by_default_as_in_the_paper(tiny_pipeline, tmp_path):
+    cfg = tiny_config(tiny_pipeline.root, "train.batch_size=8", "replay.delta=0.5")
+    assert cfg.replay.fill is False
+    pool, held = stages.load_data(cfg)
+    trainer = Trainer(cfg, "rr", stages.paths(cfg).policy, pool, held, tmp_path / "rr", resume=False)
+    for q in range(10):
+        trainer.buffer.add(make_group(INFORMATIVE, qid=100 + q))
+    trainer._fresh_groups = lambda n, rec, timers: [make_group([0.0] * 4, qid=q, version=1) for q in range(n)]
+    trainer._update = lambda groups, replayed: (0.0, {})
+    rec = trainer.train_step()
+    assert rec["replay/fraction"] == pytest.approx(0.5) and "replay/filled" not in rec
