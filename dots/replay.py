@@ -9,6 +9,7 @@ within a step; sampled groups stay in the buffer until FIFO eviction pushes them
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -35,7 +36,7 @@ class ReplayBuffer:
         return True
 
     def sample(self, k: int, rng: np.random.Generator, recency: float = 0.0,
-               exclude: list[Group] | tuple = ()) -> list[Group]:
+               exclude: Iterable[Group] = ()) -> list[Group]:
         """Up to k distinct groups; fewer when the buffer holds fewer (the caller generates the
         shortfall fresh). Uniform by default (the paper); `recency` > 0 weighs a group by
         exp(−recency · age), age in policy versions behind the newest group, so replay leans
@@ -47,9 +48,10 @@ class ReplayBuffer:
         if k <= 0:
             return []
         weights = None
-        if recency > 0:
-            versions = np.array([g.version for g in self._groups], dtype=np.float64)
-            w = np.exp(-recency * (versions.max() - np.array([g.version for g in candidates], dtype=np.float64)))
+        if recency > 0:  # ages against the newest group in the buffer, excluded or not
+            newest = max(g.version for g in self._groups)
+            ages = newest - np.array([g.version for g in candidates], dtype=np.float64)
+            w = np.exp(-recency * ages)
             weights = w / w.sum()
         idx = rng.choice(len(candidates), size=k, replace=False, p=weights)
         return [candidates[int(i)] for i in idx]

@@ -299,14 +299,13 @@ class Trainer:
             # shortfall is generated fresh below; rank 0 draws, every rank replays the same groups
             replayed = self.dist.decide(lambda: self.buffer.sample(n_replay, self.np_rng, cfg.replay.recency))
         fresh = self._fresh_groups(b - len(replayed), rec, timers)
-        if self.uses_replay and cfg.replay.fill:
-            # before this step's fresh groups enter the buffer: a fill never replays them
-            n_fill = sum(not g.informative for g in fresh)
-            extra = self.dist.decide(lambda: self.buffer.sample(n_fill, self.np_rng, cfg.replay.recency,
-                                                                exclude=replayed))
-            replayed = replayed + extra
-            rec["replay/filled"] = len(extra)
         if self.uses_replay:
+            if cfg.replay.fill:  # before this step's fresh groups enter the buffer: a fill never replays them
+                n_fill = sum(not g.informative for g in fresh)
+                extra = self.dist.decide(lambda: self.buffer.sample(n_fill, self.np_rng, cfg.replay.recency,
+                                                                    exclude=replayed))
+                replayed = replayed + extra
+                rec["replay/filled"] = len(extra)
             for g in fresh:
                 self.buffer.add(g)
         groups = fresh + replayed
