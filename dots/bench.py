@@ -46,7 +46,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .atomic import write_text
-from .config import METHODS, Config, ConfigError, with_overrides
+from .config import BENCH_METHODS, METHODS, Config, ConfigError, with_overrides
 from .progress import say
 from .runfiles import json_safe
 from .runfiles import final_smoothed, target_eval
@@ -99,7 +99,8 @@ def prepare_shared(cfg: Config) -> dict:
 _DOTS = ("selection", "embed", "label", "predictor")
 PEERS = ("dapo", "greso")  # the peer baselines dots is measured against beside grpo
 UNUSED = {"grpo": (*_DOTS, "replay", *PEERS), "dots": ("replay", *PEERS), "rr": (*_DOTS, *PEERS),
-          "dots_rr": PEERS, "dapo": (*_DOTS, "replay", "greso"), "greso": (*_DOTS, "replay", "dapo")}
+          "dots_rr": PEERS, "dapo": (*_DOTS, "replay", "greso"), "greso": (*_DOTS, "replay", "dapo"),
+          "greso_rr": (*_DOTS, "dapo")}
 
 
 class Variant(NamedTuple):
@@ -703,7 +704,7 @@ def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, o
     """Shared stages once, then each seed's runs of every method (and variant) in lockstep, then
     the report. `runner(cfg, seed, arms, variants)` lets the Prefect flow wrap each seed in a
     task; by default they are direct calls."""
-    methods = list(methods or METHODS)
+    methods = list(methods or BENCH_METHODS)
     if "grpo" not in methods:
         raise ValueError("bench: methods must include grpo (it defines the target)")
     labels = [v.label for v in variants]

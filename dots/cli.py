@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from .config import METHODS, ConfigError, load_config
+from .config import BENCH_METHODS, METHODS, ConfigError, load_config
 from .redact import scrub
 
 
@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", help="also write the JSON here")
     bench = sub.add_parser("bench", parents=[common], help="grpo, dots, rr, dots_rr and the peers dapo, greso over seeds, side by side")
     bench.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="train.seed values (default 0 1 2 3 4)")
-    bench.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    bench.add_argument("--methods", nargs="+", choices=METHODS, default=list(BENCH_METHODS),
+                       help="default: every method but greso_rr")
     bench.add_argument("--variant", action="append", default=[], metavar="LABEL=METHOD:KEY=VALUE[,KEY=VALUE]",
                        help="also bench METHOD with these params as its own arm, in the same lockstep group, "
                             "paired with METHOD by seed (repeatable; e.g. every4=dots_rr:selection.every=4)")

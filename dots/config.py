@@ -20,11 +20,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-METHODS = ("grpo", "dots", "rr", "dots_rr", "dapo", "greso")
-Method = Literal["grpo", "dots", "rr", "dots_rr", "dapo", "greso"]
+BENCH_METHODS = ("grpo", "dots", "rr", "dots_rr", "dapo", "greso")  # what `make bench` trains
+# greso_rr: GRESO's filtered fresh groups with Rollout Replay's buffer (beyond both papers; benched on demand)
+METHODS = (*BENCH_METHODS, "greso_rr")
+Method = Literal["grpo", "dots", "rr", "dots_rr", "dapo", "greso", "greso_rr"]
 # Each method's learning rate on the embedded task (train.lr_by_method): the better of 3e-4 and 6e-4,
-# measured side by side in lockstep benches, twice each (docs/benchmark.md).
-LR_BY_METHOD = {"grpo": 3e-4, "dots": 3e-4, "rr": 3e-4, "dots_rr": 6e-4, "dapo": 6e-4, "greso": 6e-4}
+# measured side by side in lockstep benches, twice each (docs/benchmark.md); greso_rr at the rate of
+# both its parents, greso and dots_rr (3e-4 not benched).
+LR_BY_METHOD = {"grpo": 3e-4, "dots": 3e-4, "rr": 3e-4, "dots_rr": 6e-4, "dapo": 6e-4, "greso": 6e-4,
+                "greso_rr": 6e-4}
 
 
 class ConfigError(ValueError):
@@ -310,8 +314,8 @@ class EvaluateConfig(_Section):
 
 
 class TrainConfig(_Section):
-    method: Method = Field("dots_rr", description="one of grpo, dots, rr, dots_rr, and the peer baselines dapo, "
-                                                  "greso")
+    method: Method = Field("dots_rr", description="one of grpo, dots, rr, dots_rr, the peer baselines dapo, "
+                                                  "greso, and greso_rr (GRESO's fresh groups with replay)")
     methods: list[Method] = Field(default_factory=lambda: ["grpo", "dots_rr"],
                                   description="methods `dots compare` and `make run` train side by side")
     seed: int = Field(0, description="seed of rollouts, selection and replay sampling")

@@ -1,4 +1,4 @@
-"""One readable GRPO loop for the four methods of DESIGN §1 and two peer baselines.
+"""One readable GRPO loop for the four methods of DESIGN §1, two peer baselines and their mix.
 
     grpo     B questions drawn uniformly, all groups fresh
     dots     B questions drawn ∝ exp(−|d̂−α|/τ) from the round's predictions, all fresh
@@ -8,6 +8,8 @@
              B groups with varied rewards are collected (`dots.dynamic_sampling`)
     greso    peer baseline: GRESO, questions skipped before rollout by their streak of all-correct
              or all-wrong groups (`dots.greso`), then the same dynamic sampling
+    greso_rr GRESO's filtered groups for the fresh part + replay (beyond both papers: what replay
+             adds on top of the stronger peer; its generation batches shrink with the fresh share)
 
 Every `selection.every` steps a DOTS round rolls out K reference questions with the
 current policy, predicts every other question's difficulty from their observed labels
@@ -70,8 +72,8 @@ class Trainer:
         # Checkpoints may live outside the run's outputs (DVC deletes a stage's outputs before it runs).
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else self.run_dir
         self.uses_dots = method in ("dots", "dots_rr")
-        self.uses_replay = method in ("rr", "dots_rr")
-        self.filters_groups = method in ("dapo", "greso")  # dynamic sampling (the peer baselines)
+        self.uses_replay = method in ("rr", "dots_rr", "greso_rr")
+        self.filters_groups = method in ("dapo", "greso", "greso_rr")  # dynamic sampling (the peer baselines)
         self.pool, self.eval_set, self.on_step = pool, eval_set, on_step
         setup_from_config(cfg)
         torch.manual_seed(cfg.train.seed)
@@ -103,7 +105,7 @@ class Trainer:
         self.prompts = self.io.encode(self.tokenizer, pool)
         self.buffer = ReplayBuffer(cfg.replay.capacity)
         self.greso = None
-        if method == "greso":
+        if method in ("greso", "greso_rr"):
             g = cfg.greso
             self.greso = SelectiveRollout(len(pool), g.p_easy, g.p_hard, g.target_zero_variance, g.p_min, g.p_max)
         self.predictor, self.projections = predictor, None
@@ -232,8 +234,12 @@ class Trainer:
                     skips[k] += v
                 return kept, used
 
-            got = collect(n, order, greso_sizes(n, g.sampling_batch_size, g.min_sampling_batch_size,
-                                                g.max_gen_batches), rollout, pick)
+            # GRESO's generation batches are sized for the train batch; with replay (greso_rr) only the
+            # fresh share is collected, so they shrink in proportion (1.5 x the fresh groups needed)
+            share = n / self.cfg.train.batch_size
+            full = max(1, round(g.sampling_batch_size * share))
+            least = max(1, min(full, round(g.min_sampling_batch_size * share)))
+            got = collect(n, order, greso_sizes(n, full, least, g.max_gen_batches), rollout, pick)
             seen = max(got.rolled_out, 1)
             self.greso.adapt(got.easy / seen, got.hard / seen)
             rec.update({"greso/skipped_easy": skips["skipped_easy"], "greso/skipped_hard": skips["skipped_hard"],

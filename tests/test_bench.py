@@ -449,6 +449,19 @@ def test_the_peers_params_leave_the_other_methods_runs_alone():
     for method in ("dapo", "greso"):
         assert bench.run_dirs(base, 0, method) != bench.run_dirs(variant, 0, method)
     assert bench.run_dirs(base, 0, "dapo") == bench.run_dirs(load_config(None, ["greso.p_easy=0.6"]), 0, "dapo")
+    # greso_rr reads greso's and the replay's params, not dapo's or DOTS's
+    for overrides, same in ((["greso.p_easy=0.6"], False), (["replay.delta=0.25"], False),
+                            (["dapo.gen_batch_size=128"], True), (["selection.tau=0.3"], True)):
+        assert (bench.run_dirs(base, 0, "greso_rr") == bench.run_dirs(load_config(None, overrides), 0, "greso_rr")) \
+            == same, overrides
+
+
+def test_make_bench_trains_the_six_methods_and_greso_rr_only_on_demand():
+    from dots.config import BENCH_METHODS, METHODS
+
+    assert BENCH_METHODS == ("grpo", "dots", "rr", "dots_rr", "dapo", "greso")
+    assert set(METHODS) - set(BENCH_METHODS) == {"greso_rr"}
+    assert bench.UNUSED.keys() == set(METHODS)  # every method says which params its runs ignore
 
 
 def test_lockstep_runs_are_the_runs_trained_alone(tiny_pipeline, tmp_path):

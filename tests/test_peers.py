@@ -551,7 +551,7 @@ def test_a_step_with_nothing_varied_is_short_and_leaves_the_policy(tiny_pipeline
 
 # ---- bit-exact resume -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("method", ["dapo", "greso"])
+@pytest.mark.parametrize("method", ["dapo", "greso", "greso_rr"])
 def test_peer_resume_is_exact(tiny_pipeline, pipeline_data, tmp_path, method):
     extra = ("train.steps=4", "train.checkpoint_every=2", "eval.every=4")
     _, whole = _peer(tiny_pipeline, pipeline_data, method, tmp_path / "whole", *extra)
@@ -560,13 +560,13 @@ def test_peer_resume_is_exact(tiny_pipeline, pipeline_data, tmp_path, method):
     _, first = _peer(tiny_pipeline, pipeline_data, method, tmp_path / "split", *extra)
     first.run(stop_after=2)
     assert first.step == 2 and (tmp_path / "split" / "checkpoint.pt").exists()
-    if method == "greso":
+    if method != "dapo":
         assert (first.greso.streak != 0).any()  # the checkpoint carries streaks that matter
         at_two = (first.greso.streak.copy(), first.greso.p_easy, first.greso.p_hard)
     del first
     _, second = _peer(tiny_pipeline, pipeline_data, method, tmp_path / "split", *extra, resume=True)
     assert second.step == 2
-    if method == "greso":
+    if method != "dapo":
         assert np.array_equal(second.greso.streak, at_two[0])
         assert (second.greso.p_easy, second.greso.p_hard) == at_two[1:]
     resumed = second.run()
@@ -579,6 +579,9 @@ def test_peer_resume_is_exact(tiny_pipeline, pipeline_data, tmp_path, method):
     assert full.summary["mean:sampling/rollouts"] == pytest.approx(np.mean([r["sampling/rollouts"] for r in full.records]))
     assert full.summary["mean:sampling/short"] == pytest.approx(np.mean([r["sampling/short"] for r in full.records]))
     assert (full.summary["mean:greso/skip_prob_mean"] is None) == (method == "dapo")
+    if method == "greso_rr":  # the replay buffer resumes with the run too
+        assert len(whole.buffer) == len(second.buffer) > 0
+        assert any(r["replay/fraction"] > 0 for r in full.records[2:])
     assert [untimed(r) for r in resumed.records] == [untimed(r) for r in full.records]
     assert [{k: v for k, v in e.items() if k != "elapsed_s"} for e in resumed.evals] == [
         {k: v for k, v in e.items() if k != "elapsed_s"} for e in full.evals]
@@ -588,8 +591,39 @@ def test_peer_resume_is_exact(tiny_pipeline, pipeline_data, tmp_path, method):
         assert torch.equal(sa[k], sb[k]), k
     assert any(r["train/loss"] != 0.0 for r in full.records)
     assert any(r["sampling/gen_batches"] > 1 for r in full.records[2:])  # the resumed steps drew dynamically
-    if method == "greso":
+    if method != "dapo":
         assert np.array_equal(whole.greso.streak, second.greso.streak)
         assert (whole.greso.p_easy, whole.greso.p_hard) == (second.greso.p_easy, second.greso.p_hard)
         # after the resume some question was skipped: the restored streaks were read
         assert sum(r["greso/skipped_easy"] + r["greso/skipped_hard"] for r in full.records[2:]) > 0
+
+
+# ---- greso_rr: GRESO's fresh groups with replay --------------------------------------------------------
+
+def test_greso_rr_collects_the_fresh_share_with_greso_and_replays_the_rest(tiny_pipeline, pipeline_data, tmp_path):
+    cfg, trainer = _peer(tiny_pipeline, pipeline_data, "greso_rr", tmp_path / "greso_rr", "train.steps=4")
+    b = cfg.train.batch_size
+    calls = spy_rollouts(trainer)
+    batches, update = [], trainer._update
+
+    def spy_update(groups, replayed):
+        batches.append((list(groups), list(replayed)))
+        return update(groups, replayed)
+
+    trainer._update = spy_update
+    for step in range(4):
+        calls.clear()
+        rec = trainer.train_step()
+        groups, replayed = batches[-1]
+        fresh = [g for g in groups if not any(g is r for r in replayed)]
+        n_fresh = b - len(replayed)
+        # what is not replayed is collected fresh, by GRESO: varied rewards only, this step's policy
+        assert all(has_variance(g) for g in fresh) and all(g.version == step for g in fresh)
+        assert len(fresh) == n_fresh or rec["sampling/short"]
+        assert all(g.version < step for g in replayed)
+        # the generation batches are sized for the fresh share, not the whole batch
+        assert len(calls[0]) == max(1, round(cfg.greso.sampling_batch_size * n_fresh / b))
+        assert "greso/p_easy" in rec and "replay/fraction" in rec
+        if step > 0:
+            assert 0 < len(replayed) <= b - max(1, round(cfg.replay.delta * b))
+    assert (trainer.greso.streak != 0).any() and len(trainer.buffer) > 0
