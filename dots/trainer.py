@@ -238,7 +238,7 @@ class Trainer:
             # fresh share is collected, so they shrink in proportion (1.5 x the fresh groups needed)
             share = n / self.cfg.train.batch_size
             full = max(1, round(g.sampling_batch_size * share))
-            least = max(1, min(full, round(g.min_sampling_batch_size * share)))
+            least = max(1, round(g.min_sampling_batch_size * share))  # <= full: config checks min <= full
             got = collect(n, order, greso_sizes(n, full, least, g.max_gen_batches), rollout, pick)
             seen = max(got.rolled_out, 1)
             self.greso.adapt(got.easy / seen, got.hard / seen)
