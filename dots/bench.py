@@ -46,7 +46,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .atomic import write_text
-from .config import BENCH_METHODS, METHODS, Config, ConfigError, with_overrides
+from .config import BENCH_METHODS, METHODS, TRAITS, Config, ConfigError, with_overrides
 from .progress import say
 from .runfiles import json_safe
 from .runfiles import final_smoothed, target_eval
@@ -98,9 +98,8 @@ def prepare_shared(cfg: Config) -> dict:
 # selection or replay params, so variants of those reuse it instead of training it again.
 _DOTS = ("selection", "embed", "label", "predictor")
 PEERS = ("dapo", "greso")  # the peer baselines dots is measured against beside grpo
-UNUSED = {"grpo": (*_DOTS, "replay", *PEERS), "dots": ("replay", *PEERS), "rr": (*_DOTS, *PEERS),
-          "dots_rr": PEERS, "dapo": (*_DOTS, "replay", "greso"), "greso": (*_DOTS, "replay", "dapo"),
-          "greso_rr": (*_DOTS, "dapo")}
+UNUSED = {m: (*(() if t.selects else _DOTS), *(() if t.replays else ("replay",)),
+              *(p for p in PEERS if p != t.filters)) for m, t in TRAITS.items()}
 
 
 class Variant(NamedTuple):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -24,6 +24,21 @@ BENCH_METHODS = ("grpo", "dots", "rr", "dots_rr", "dapo", "greso")  # what `make
 # greso_rr: GRESO's filtered fresh groups with Rollout Replay's buffer (beyond both papers; benched on demand)
 METHODS = (*BENCH_METHODS, "greso_rr")
 Method = Literal["grpo", "dots", "rr", "dots_rr", "dapo", "greso", "greso_rr"]
+
+
+class MethodTraits(NamedTuple):
+    """What a method's step does: the one table the trainer (which parts of a step run) and the
+    bench (which params a method's runs read) both follow, so a new method is one row here."""
+
+    selects: bool  # DOTS: reference rollouts, predicted difficulty, selection (needs embeddings and a predictor)
+    replays: bool  # Rollout Replay: part of each batch drawn from the buffer of informative groups
+    filters: str | None  # the peers' dynamic sampling: "dapo" (filter and redraw) or "greso" (skips first)
+
+
+TRAITS = {"grpo": MethodTraits(False, False, None), "dots": MethodTraits(True, False, None),
+          "rr": MethodTraits(False, True, None), "dots_rr": MethodTraits(True, True, None),
+          "dapo": MethodTraits(False, False, "dapo"), "greso": MethodTraits(False, False, "greso"),
+          "greso_rr": MethodTraits(False, True, "greso")}
 # Each method's learning rate on the embedded task (train.lr_by_method): the better of 3e-4 and 6e-4,
 # measured side by side in lockstep benches, twice each (docs/benchmark.md); greso_rr at the rate of
 # both its parents, greso and dots_rr (3e-4 not benched).

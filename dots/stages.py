@@ -23,7 +23,7 @@ import torch
 
 from .atomic import write_text
 from .determinism import GlobalRng, setup_from_config
-from .config import Config
+from .config import TRAITS, Config
 from .data import Question, generate, load_questions, save_questions
 from .distributed import launched_main, launched_world_size
 from .embeddings import (StaleCacheError, backbone_identity, encode_with_sentence_transformers, load_embeddings,
@@ -382,7 +382,7 @@ def _open_run(cfg: Config, method: str, resume: bool, run_dir: Path | None, chec
     wall_start = time.perf_counter()
     pool, held = load_data(cfg)
     predictor = emb = None
-    if method in ("dots", "dots_rr"):
+    if TRAITS[method].selects:
         emb = load_embeddings(p.embeddings, _backbone(cfg), pool)
         predictor = load_predictor(p.predictor)
     logger = None

@@ -42,7 +42,7 @@ import torch
 
 from .determinism import setup_from_config
 from .checkpoints import CHECKPOINT, load_checkpoint, save_checkpoint
-from .config import Config
+from .config import TRAITS, Config
 from .data import Question
 from .distributed import SINGLE, Dist, rank_generator, setup
 from .embeddings import backbone_identity
@@ -71,9 +71,9 @@ class Trainer:
         self.cfg, self.method, self.run_dir = cfg, method, Path(run_dir)
         # Checkpoints may live outside the run's outputs (DVC deletes a stage's outputs before it runs).
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else self.run_dir
-        self.uses_dots = method in ("dots", "dots_rr")
-        self.uses_replay = method in ("rr", "dots_rr", "greso_rr")
-        self.filters_groups = method in ("dapo", "greso", "greso_rr")  # dynamic sampling (the peer baselines)
+        traits = TRAITS[method]
+        self.uses_dots, self.uses_replay = traits.selects, traits.replays
+        self.filters_groups = traits.filters is not None  # dynamic sampling (the peer baselines)
         self.pool, self.eval_set, self.on_step = pool, eval_set, on_step
         setup_from_config(cfg)
         torch.manual_seed(cfg.train.seed)
@@ -105,7 +105,7 @@ class Trainer:
         self.prompts = self.io.encode(self.tokenizer, pool)
         self.buffer = ReplayBuffer(cfg.replay.capacity)
         self.greso = None
-        if method in ("greso", "greso_rr"):
+        if traits.filters == "greso":
             g = cfg.greso
             self.greso = SelectiveRollout(len(pool), g.p_easy, g.p_hard, g.target_zero_variance, g.p_min, g.p_max)
         self.predictor, self.projections = predictor, None
