@@ -129,8 +129,9 @@ def _attention_weights(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     made for long sequences; at the update's shapes (hundreds of rows of about 20 queries over
     30 keys, head size 16) its forward and backward were two fifths of the update, and this
     plain softmax, with the response rows' prompt and own keys scored apart instead of copied
-    into one key/value tensor per row, halves the update (0.098 s to 0.055 s for 56 groups x 8,
-    measured side by side). The same math with float sums in another order: log-probs agree to
+    into one key/value tensor per row, cuts the update by a quarter to two fifths (56 groups x 8,
+    side by side: 0.080-0.107 s to 0.062-0.076 s; in the bench the update's seconds per step fell
+    by a quarter against the rollout's, docs/benchmark.md). The same math with float sums in another order: log-probs agree to
     1e-5 (`tests/test_fast_decode.py`). Rollouts keep the fused kernel: there it was no slower.
     """
     return torch.softmax(scores.masked_fill(~mask, -math.inf), dim=-1)
