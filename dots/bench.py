@@ -501,9 +501,9 @@ def goals(summary: dict, cfg: Config, predictor_round: dict | None, rows: list[d
         if ratio is not None:
             out.append(goal(f"peer {peer}: dots_rr time-to-target / {peer} (median over seeds)", ratio, "<= 0.8",
                             ratio <= 0.8, _ci_detail(ci)))
-    pear = _median([summary.get(m, {}).get("dots_pearson") for m in ("dots", "dots_rr")])
-    probe = _median([summary.get(m, {}).get("probe_pearson") for m in ("dots", "dots_rr")])
-    ceiling = _median([summary.get(m, {}).get("pearson_ceiling") for m in ("dots", "dots_rr")])
+    selecting = [m for m, t in TRAITS.items() if t.selects]  # the methods whose rounds log dots/pearson
+    pear, probe, ceiling = (_median([summary.get(m, {}).get(key) for m in selecting])
+                            for key in ("dots_pearson", "probe_pearson", "pearson_ceiling"))
     notes = []
     if ceiling is not None:
         notes.append(f"a predictor knowing the true pass rates would score about {ceiling:.2f} against these "

@@ -6,10 +6,10 @@ every row's prompt, so this module runs each distinct prompt once and copies its
 values to its G samples, in rollouts (`GPT2Decoder`) and in the update's forward and
 backward (`shared_prompt_hidden`). It uses the same GPT-2 math straight on the model's own
 weights (no copy, so it always samples the current policy), one preallocated key/value
-buffer per layer, and `scaled_dot_product_attention` (the update a plain masked softmax,
-see `_attention_weights`); skipping the framework's per-call
-work gave about two fifths of the rollout gain (0.116 s to 0.089 s for 64 x 8), prompt
-sharing the rest (to 0.046 s).
+buffer per layer, and `scaled_dot_product_attention` (the update's forward a plain masked
+softmax instead, see `_attention_weights`); skipping the framework's per-call work gave
+about two fifths of the rollout gain (0.116 s to 0.089 s for 64 x 8), prompt sharing the
+rest (to 0.046 s).
 
 It serves only the plain GPT-2 layout that `dots.models.build_model` makes; anything else
 (`supports` says False) keeps the transformers path. `tests/test_fast_decode.py` checks
@@ -131,8 +131,9 @@ def _attention_weights(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     plain softmax, with the response rows' prompt and own keys scored apart instead of copied
     into one key/value tensor per row, cuts the update by a quarter to two fifths (56 groups x 8,
     side by side: 0.080-0.107 s to 0.062-0.076 s; in the bench the update's seconds per step fell
-    by a quarter against the rollout's, docs/benchmark.md). The same math with float sums in another order: log-probs agree to
-    1e-5 (`tests/test_fast_decode.py`). Rollouts keep the fused kernel: there it was no slower.
+    by a quarter against the rollout's, docs/benchmark.md). The same math with float sums in
+    another order: log-probs agree to 1e-5 (`tests/test_fast_decode.py`). Rollouts keep the fused
+    kernel: there it was no slower.
     """
     return torch.softmax(scores.masked_fill(~mask, -math.inf), dim=-1)
 
