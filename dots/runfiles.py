@@ -120,6 +120,13 @@ def write_run_files(run_dir: str | Path, cfg: "Config", result: RunResult) -> di
     return summary
 
 
+def step_seconds(run_dir: str | Path) -> list[float]:
+    """Each step's training seconds (`time/step_s`) of a finished run folder, in step order."""
+    lines = (Path(run_dir) / "records.jsonl").read_text().splitlines()
+    return [float(rec["time/step_s"]) for rec in sorted((json.loads(x) for x in lines if x.strip()),
+                                                         key=lambda r: r["step"])]
+
+
 def read_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
     """(summary, evals) of a finished run folder."""
     run_dir = Path(run_dir)

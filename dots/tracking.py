@@ -424,8 +424,10 @@ def log_bench(cfg: Config, result: dict, artifacts: list[Path]) -> str:
         # decided again here, where dots.bench may not be imported (it would join every stage's
         # DVC lineage)
         paired = [k for k in stats
-                  if k.startswith("time_to_target_ratio_vs_") and not k.endswith(("_per_seed", "_ci90"))]
-        for key in ("time_to_target_s", "time_to_target_ratio", "steps_to_target", "final_accuracy", "step_s",
+                  if k.startswith(("time_to_target_ratio_vs_", "time_to_target_adjusted_ratio_vs_"))
+                  and not k.endswith(("_per_seed", "_ci90"))]
+        for key in ("time_to_target_s", "time_to_target_ratio", "time_to_target_adjusted_s",
+                    "time_to_target_adjusted_ratio", "steps_to_target", "final_accuracy", "step_s",
                     "effective_ratio", "dots_pearson", "pearson_ceiling", "tokens_sampled_ratio",
                     "tokens_trained_ratio", "rollouts_per_step", *paired):
             value = stats.get(key)

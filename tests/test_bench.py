@@ -82,6 +82,18 @@ def test_bench_flow_writes_summary_table_and_plot(bench_run):
             assert key in stats, (m, key)
     # grpo reaches its own final accuracy by definition, so its paired ratio is exactly 1
     assert summary["summary"]["grpo"]["time_to_target_ratio"] == pytest.approx(1.0)
+    assert summary["summary"]["grpo"]["time_to_target_adjusted_ratio"] == pytest.approx(1.0)
+    # five arms in lockstep on the CPU: every run that reached the target has load-adjusted seconds,
+    # the same steps re-timed at each round's load, so within the spread of that load of its raw ones
+    cfg = bench.bench_config(load_config(REPO / "params.yaml", bench_run[1]))
+    variants = [bench.parse_variant(VARIANT, cfg)]
+    for row in summary["runs"]:
+        raw, adjusted = row["time_to_target_s"], row["time_to_target_adjusted_s"]
+        assert (raw is None) == (adjusted is None), row["method"]
+        if raw:
+            loads = bench.seed_loads(cfg, row["seed"], ARMS, variants,
+                                     bench.lockstep_group(cfg, row["seed"], ARMS, variants))
+            assert raw / loads.max() - 1e-9 <= adjusted <= raw / loads.min() + 1e-9, row["method"]
     assert summary["summary"]["rr"]["staleness"] is not None
     # the predictor was fitted on labels with spread, and DOTS measured it on the questions it chose
     labels = json.loads((root / "artifacts" / "bench" / "labels" / "labels.json").read_text())["policies"]
@@ -295,6 +307,38 @@ def test_goals_report_where_each_stands():
     table = bench.render(rows, s, list(g.values()), METHODS, bench.task_checks(rows))
     assert "Does the task decide?" in table and "Goals:" in table
     assert table.count("| dots_rr | ") == 3 + 1  # three runs and the median line
+
+
+def test_the_goals_judge_the_load_adjusted_time_and_show_the_raw_one_beside():
+    """Raw seconds say dots_rr takes 0.6 of grpo's time; with a slow stretch divided out of grpo's
+    later rounds it takes 0.45 (within the goal). Without adjusted seconds (arms timed one after
+    another on a GPU), the goals judge raw seconds."""
+    rows = []
+    for seed in range(3):
+        grpo, dots_rr = _row("grpo", seed, 10.0, 100), _row("dots_rr", seed, 6.0, 40)
+        grpo["time_to_target_adjusted_s"], dots_rr["time_to_target_adjusted_s"] = 8.0, 3.6
+        rows += [grpo, dots_rr]
+    s, g = _goals(rows)
+    assert s["dots_rr"]["time_to_target_ratio"] == pytest.approx(0.6)
+    assert s["dots_rr"]["time_to_target_adjusted_ratio"] == pytest.approx(0.45)
+    assert g["dots_rr"]["value"] == pytest.approx(0.45) and g["dots_rr"]["met"]
+    assert g["dots_rr"]["detail"].startswith("load-adjusted") and "raw seconds 0.60" in g["dots_rr"]["detail"]
+    table = bench.render(rows, s, list(g.values()), METHODS)
+    assert "| dots_rr | 0 | 6.0 | 3.6 | 40 |" in table
+    assert "| dots_rr | 0.60 [0.60–0.60] | 0.45 [0.45–0.45] | 0.40 [0.40–0.40] |" in table
+    for r in rows:
+        r["time_to_target_adjusted_s"] = None
+    s, g = _goals(rows)
+    assert g["dots_rr"]["value"] == pytest.approx(0.6) and not g["dots_rr"]["met"]
+    assert not g["dots_rr"]["detail"].startswith("load-adjusted")
+
+
+def test_arms_timed_one_after_another_have_no_round_loads(monkeypatch, tmp_path):
+    """On a GPU each run is timed alone: its rounds share no clock with the other arms', so there is
+    no load to measure and no adjusted figure (nothing is read from the run folders)."""
+    cfg = bench.bench_config(load_config(None, [f"paths.root={tmp_path}"]))
+    monkeypatch.setattr(bench, "timing", lambda cfg: "alone")
+    assert bench.seed_loads(cfg, 0, ["grpo", "dots", "rr"]) is None
 
 
 def test_a_median_at_half_with_a_wide_interval_misses_the_dots_rr_goal():
@@ -671,7 +715,8 @@ def test_a_variant_of_grpo_is_a_baseline_every_other_arm_is_compared_with():
     assert s["grpo_all"]["time_to_target_ratio_vs_grpo"] == pytest.approx(1.5)  # as any variant, to its method
     table = bench.render(rows, s, bench.goals(s, Config(), None, rows), arms)
     section = table.split("Against grpo's variants as baselines")[1]
-    assert "| time / grpo_all | tokens sampled / grpo_all | tokens trained / grpo_all |" in section
+    assert ("| time / grpo_all | load-adjusted time / grpo_all | tokens sampled / grpo_all "
+            "| tokens trained / grpo_all |") in section
     assert next(x for x in section.splitlines() if x.startswith("| dots_rr |")).startswith("| dots_rr | 0.60 [")
     assert next(x for x in section.splitlines() if x.startswith("| grpo_all |")).startswith("| grpo_all | — |")
 
@@ -707,9 +752,10 @@ def test_a_variant_of_a_peer_is_a_peer_baseline_every_arm_is_paired_with():
     assert "time_to_target_ratio_vs_dots_rr_lr6e4" not in s["greso"]  # a dots_rr variant is no baseline
     table = bench.render(rows, s, bench.goals(s, Config(), None, rows), arms)
     section = table.split("Against the peer baselines")[1].split("How the peers sample")[0]
-    assert "| time / greso | tokens sampled / greso | tokens trained / greso | time / greso_lr6e4 |" in section
+    assert ("| time / greso | load-adjusted time / greso | tokens sampled / greso | tokens trained / greso "
+            "| time / greso_lr6e4 |") in section
     line = next(x for x in section.splitlines() if x.startswith("| dots_rr_lr6e4 |"))
-    assert line.split(" | ")[4].startswith("0.75 [")  # time / greso_lr6e4, after greso's three cells
+    assert line.split(" | ")[5].startswith("0.75 [")  # time / greso_lr6e4, after greso's four cells
     assert table.count("| greso_lr6e4 | 1.40 | 110.0 |") == 1  # the sampling table lists the peer's variant
 
 
