@@ -19,8 +19,9 @@ Why it is built this way:
 - Load that lockstep cannot cancel (a slow stretch after one arm reached the target and before
   another did) is divided out in a second time figure, `time_to_target_adjusted_s`: every step's
   seconds over its round's load factor, measured with the group's arms as the probe
-  (`machine_load`). The goals judge it, with the raw seconds beside: raw ratios of one commit
-  differed by 0.17 between two benches, the adjusted ones by at most 0.02.
+  (`machine_load`). The goals judge it, with the raw seconds beside. Over six clean-clone benches
+  of the same runs it held dots_rr / grpo to 0.81-0.82 (raw 0.80-0.85), but not dapo / grpo
+  (1.27-1.41, raw 1.26-1.43): load does not slow every arm's work alike (docs/benchmark.md).
 - Beside seconds, costs that machine noise cannot move: response tokens sampled (references
   included) and trained (the tokens the update backpropagates) up to the target, and seconds
   per group trained (with `train.skip_degenerate`, the default, exactly the informative groups;

@@ -5,6 +5,7 @@
          | compare | all
     dots plan                     (peak GPU memory per rank; refuses a config that cannot fit)
     dots evaluate --data FILE [--policy DIR | --checkpoint DIR] [--samples G]   (a held-out math set)
+    dots bench-diff A/summary.json B/summary.json [--tolerance 0.10]   (do two benches agree?)
     torchrun --nproc-per-node N -m dots.cli train ...                         (data-parallel training)
 """
 
@@ -64,11 +65,35 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="results/bench", help="summary.json, table.md, curves.png go here")
     bench.add_argument("--dataset", default="../shared/data/deepscaler.parquet",
                        help="parquet whose size times the predictor round (skipped when missing)")
+    diff = sub.add_parser("bench-diff", help="do two benches of one commit agree? every median time ratio side "
+                                             "by side; exit 0 agree, 1 differ, 2 bad input")
+    diff.add_argument("a", help="the first bench's summary.json")
+    diff.add_argument("b", help="the second bench's summary.json")
+    diff.add_argument("--tolerance", type=float, default=None, help="largest allowed difference (default 0.10)")
     return parser
+
+
+def _bench_diff(args) -> int:
+    """`dots bench-diff`: needs no params file, only the two summaries."""
+    from .bench_diff import TOLERANCE, BenchDiffError, compare_benches, read_summary, render_comparison  # noqa: PLC0415
+
+    tolerance = TOLERANCE if args.tolerance is None else args.tolerance
+    if not tolerance >= 0:
+        print(f"dots bench-diff: --tolerance must be >= 0, got {args.tolerance}", file=sys.stderr)
+        return 2
+    try:
+        result = compare_benches(read_summary(args.a), read_summary(args.b), tolerance)
+    except BenchDiffError as exc:
+        print(f"dots bench-diff: {exc}", file=sys.stderr)
+        return 2
+    print(render_comparison(result, args.a, args.b))
+    return 0 if result["within"] else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "bench-diff":
+        return _bench_diff(args)
     try:
         cfg = load_config(args.params, args.overrides)
     except ConfigError as exc:

@@ -1,0 +1,128 @@
+"""`dots bench-diff A B`: do two benches of one commit agree?
+
+Why: a figure we publish must survive a second run. Issue 11's bar is two clean-clone `make bench`
+runs of one commit giving median time ratios within 0.10 of each other for every method, and
+until now that check was done by hand from two `summary.json` files. This module does it the
+same way every time, and also checks what no machine's load can move: each run's steps and
+tokens to target must be identical (a run's numbers are deterministic for one build; a mismatch
+means another commit, another build or another config, and then the seconds are not comparable
+either).
+
+Exit status as `diff`'s: 0 agree, 1 differ, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TOLERANCE = 0.10  # issue 11: median ratios of two benches of one commit within 0.10
+TIME_RATIOS = ("time_to_target_ratio", "time_to_target_adjusted_ratio")
+DETERMINISTIC = ("steps_to_target", "tokens_sampled_to_target", "tokens_trained_to_target")
+
+
+class BenchDiffError(ValueError):
+    """Two summaries that cannot be compared (missing, unreadable, or of different benches)."""
+
+
+def read_summary(path: str | Path) -> dict:
+    """A bench's `summary.json`, refused with its path named when missing or not a bench summary."""
+    path = Path(path)
+    if not path.is_file():
+        raise BenchDiffError(f"{path}: no such file (a bench writes results/bench/summary.json)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise BenchDiffError(f"{path}: not JSON ({exc})") from exc
+    for key in ("methods", "seeds", "summary", "runs"):
+        if key not in data:
+            raise BenchDiffError(f"{path}: not a bench summary (no '{key}')")
+    return data
+
+
+def _baselines(stats: dict) -> list[str]:
+    """The arms a method's time ratios are taken against: grpo, and each peer or baseline
+    (`time_to_target_ratio_vs_<arm>`)."""
+    prefix = TIME_RATIOS[0] + "_vs_"
+    return ["grpo"] + sorted(k[len(prefix):] for k in stats
+                             if k.startswith(prefix) and not k.endswith(("_ci90", "_per_seed")))
+
+
+def _key(kind: str, baseline: str) -> str:
+    return kind if baseline == "grpo" else f"{kind}_vs_{baseline}"
+
+
+def compare_benches(a: dict, b: dict, tolerance: float = TOLERANCE) -> dict:
+    """Every median time ratio of two benches side by side with its difference, and every run whose
+    steps or tokens to target differ. `within` is True when no ratio differs by more than
+    `tolerance` and every run is identical."""
+    for key in ("methods", "seeds", "steps"):
+        if a.get(key) != b.get(key):
+            raise BenchDiffError(f"the benches differ in '{key}': {a.get(key)} against {b.get(key)}; "
+                                 "only benches of the same methods, seeds and budget compare")
+    runs_b = {(r["method"], r["seed"]): r for r in b["runs"]}
+    mismatched = []
+    for r in a["runs"]:
+        other = runs_b.get((r["method"], r["seed"]))
+        if other is None:
+            mismatched.append({"method": r["method"], "seed": r["seed"], "field": "run", "a": "present", "b": "missing"})
+            continue
+        mismatched += [{"method": r["method"], "seed": r["seed"], "field": f, "a": r.get(f), "b": other.get(f)}
+                       for f in DETERMINISTIC if r.get(f) != other.get(f)]
+    ratios = []
+    for method in a["methods"]:
+        sa, sb = a["summary"].get(method, {}), b["summary"].get(method, {})
+        for baseline in _baselines(sa):
+            if baseline == method:
+                continue  # a method against itself is 1 in every bench
+            for kind in TIME_RATIOS:
+                key = _key(kind, baseline)
+                if key not in sa and key not in sb:
+                    continue  # e.g. no load-adjusted seconds where the arms were timed one after another
+                va, vb = sa.get(key), sb.get(key)
+                diff = None if va is None or vb is None else abs(va - vb)
+                ratios.append({"method": method, "baseline": baseline, "ratio": key, "a": va, "b": vb,
+                               "diff": diff, "within": (va is None and vb is None)
+                               or (diff is not None and diff <= tolerance)})
+    worst = max((r for r in ratios if r["diff"] is not None), key=lambda r: r["diff"], default=None)
+    return {"tolerance": tolerance, "ratios": ratios, "worst": worst, "mismatched_runs": mismatched,
+            "within": not mismatched and all(r["within"] for r in ratios)}
+
+
+def _f(x) -> str:
+    return "—" if x is None else f"{x:.3f}"
+
+
+def render_comparison(result: dict, label_a: str = "A", label_b: str = "B") -> str:
+    """The comparison as markdown: one row per method and baseline, raw and load-adjusted median
+    time ratios of both benches with their differences, then the verdict."""
+    tol = result["tolerance"]
+    lines = [f"A: {label_a}", f"B: {label_b}", "",
+             "| method | time ratio to | raw A | raw B | difference | load-adjusted A | load-adjusted B | difference |",
+             "|---|---|---|---|---|---|---|---|"]
+    rows: dict[tuple[str, str], dict[str, dict]] = {}
+    for r in result["ratios"]:
+        rows.setdefault((r["method"], r["baseline"]), {})[r["ratio"].split("_vs_")[0]] = r
+
+    def cells(r: dict | None) -> str:
+        if r is None:
+            return "— | — | —"
+        flag = "" if r["within"] else f" **(> {tol:.2f})**"
+        return f"{_f(r['a'])} | {_f(r['b'])} | {_f(r['diff'])}{flag}"
+
+    lines += [f"| {m} | {base} | " + " | ".join(cells(kinds.get(k)) for k in TIME_RATIOS) + " |"
+              for (m, base), kinds in rows.items()]
+    lines.append("")
+    if result["mismatched_runs"]:
+        lines.append(f"{len(result['mismatched_runs'])} run figures that no load can move differ "
+                     "(another commit, build or config?):")
+        lines += [f"- {m['method']} seed {m['seed']}: {m['field']} {m['a']} against {m['b']}"
+                  for m in result["mismatched_runs"]]
+    else:
+        lines.append("Steps and tokens to target: identical for every run.")
+    w = result["worst"]
+    if w is not None:
+        lines.append(f"Largest difference: {w['method']} {w['ratio']} {_f(w['a'])} against {_f(w['b'])} "
+                     f"({_f(w['diff'])}).")
+    lines.append("The benches agree." if result["within"] else "The benches do **not** agree.")
+    return "\n".join(lines)

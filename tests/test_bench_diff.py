@@ -1,0 +1,89 @@
+"""`dots bench-diff`: two benches of one commit compared ratio by ratio (issue 11's bound of 0.10),
+with the figures no load can move (steps, tokens) checked identical, and bad input refused."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from dots.bench_diff import BenchDiffError, compare_benches, render_comparison
+from dots.cli import main
+
+
+def _summary(dapo_ratio: float = 1.34) -> dict:
+    """A bench of grpo, dots_rr and the peer dapo, two seeds, as `summary.json` holds it."""
+    def stats(raw: float, adjusted: float, vs_dapo: float | None = None) -> dict:
+        s = {"time_to_target_ratio": raw, "time_to_target_ratio_ci90": [raw - 0.1, raw + 0.1],
+             "time_to_target_ratio_per_seed": [raw, raw], "time_to_target_adjusted_ratio": adjusted,
+             "steps_to_target_ratio": 0.7}
+        if vs_dapo is not None:
+            s |= {"time_to_target_ratio_vs_dapo": vs_dapo, "time_to_target_adjusted_ratio_vs_dapo": vs_dapo}
+        return s
+
+    runs = [{"method": m, "seed": seed, "steps_to_target": steps, "tokens_sampled_to_target": 1000 * steps,
+             "tokens_trained_to_target": 500 * steps}
+            for m, steps in (("grpo", 300), ("dots_rr", 170), ("dapo", 150)) for seed in (0, 1)]
+    return {"methods": ["grpo", "dots_rr", "dapo"], "seeds": [0, 1], "steps": 300, "runs": runs,
+            "summary": {"grpo": stats(1.0, 1.0, 0.73), "dots_rr": stats(0.82, 0.82, 0.56),
+                        "dapo": stats(1.40, dapo_ratio, 1.0)}}  # raw seconds agreed, adjusted did not
+
+
+def test_benches_within_the_tolerance_agree():
+    a, b = _summary(1.34), _summary(1.41)
+    result = compare_benches(a, b)
+    assert result["within"] and not result["mismatched_runs"]
+    assert result["worst"]["method"] == "dapo" and result["worst"]["diff"] == pytest.approx(0.07)
+    pairs = {(r["method"], r["baseline"]) for r in result["ratios"]}
+    assert pairs == {("grpo", "dapo"), ("dots_rr", "grpo"), ("dots_rr", "dapo"), ("dapo", "grpo")}  # none to itself
+
+
+def test_a_ratio_beyond_the_tolerance_is_named():
+    result = compare_benches(_summary(1.27), _summary(1.39))  # the 9859ddc pair's dapo / grpo
+    assert not result["within"]
+    bad = [r for r in result["ratios"] if not r["within"]]
+    assert [(r["method"], r["ratio"]) for r in bad] == [("dapo", "time_to_target_adjusted_ratio")]
+    text = render_comparison(result)
+    assert "**(> 0.10)**" in text and "do **not** agree" in text
+    assert compare_benches(_summary(1.27), _summary(1.39), tolerance=0.15)["within"]
+
+
+def test_runs_whose_steps_or_tokens_differ_are_listed_and_fail_the_comparison():
+    """Steps and tokens are deterministic for one build: a difference means the benches are not
+    of the same code or config, whatever the seconds say."""
+    a = _summary()
+    b = copy.deepcopy(a)
+    b["runs"][2]["steps_to_target"] = 180
+    result = compare_benches(a, b)
+    assert not result["within"]
+    assert result["mismatched_runs"] == [{"method": "dots_rr", "seed": 0, "field": "steps_to_target",
+                                          "a": 170, "b": 180}]
+    assert "dots_rr seed 0: steps_to_target 170 against 180" in render_comparison(result)
+
+
+def test_benches_of_other_methods_seeds_or_budgets_are_refused_naming_the_field():
+    a = _summary()
+    for key, value in (("methods", ["grpo", "dots_rr"]), ("seeds", [0, 1, 2]), ("steps", 200)):
+        b = copy.deepcopy(a)
+        b[key] = value
+        with pytest.raises(BenchDiffError, match=f"differ in '{key}'"):
+            compare_benches(a, b)
+
+
+def test_cli_exit_status_is_diffs(tmp_path, capsys):
+    paths = {}
+    for name, ratio in (("a", 1.34), ("b", 1.41), ("c", 1.52)):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(_summary(ratio)))
+    assert main(["bench-diff", str(paths["a"]), str(paths["b"])]) == 0
+    assert "The benches agree." in capsys.readouterr().out
+    assert main(["bench-diff", str(paths["a"]), str(paths["c"])]) == 1
+    assert main(["bench-diff", str(paths["a"]), str(paths["c"]), "--tolerance", "0.2"]) == 0
+    capsys.readouterr()
+    assert main(["bench-diff", str(paths["a"]), str(tmp_path / "missing.json")]) == 2
+    assert "missing.json: no such file" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text(json.dumps({"methods": []}))
+    assert main(["bench-diff", str(paths["a"]), str(tmp_path / "bad.json")]) == 2
+    assert "not a bench summary (no 'seeds')" in capsys.readouterr().err
+    assert main(["bench-diff", str(paths["a"]), str(paths["b"]), "--tolerance", "-1"]) == 2
