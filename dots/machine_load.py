@@ -20,8 +20,8 @@ method and every baseline (raw: 0.17); the per-window load factors of the two ru
 each other, so what is divided out is load, not a training trend common to every arm. Four
 later benches of the same runs (two commits, two pairs) showed its limit: dots_rr / grpo stayed
 at 0.81-0.82 adjusted in all six (raw 0.80-0.85), but dapo / grpo differed by 0.12 and 0.08
-adjusted within a pair (raw 0.08 and 0.05). Between two of them dapo's rollouts (several large
-generation batches a step) slowed 12-20% where every other arm's phases slowed 6-9%: one factor
+adjusted within a pair (raw 0.08 and 0.05). Between two of them dapo's rollouts (192 prompts x 8
+samples a step, three times grpo's) slowed 12-20% where every other arm's phases slowed 6-9%: one factor
 per round cannot divide out load that slows one kind of work more than another. A factor per
 phase (rollout, update), or per token of each phase, did no better on that pair (0.07).
 """
