@@ -16,9 +16,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 TOLERANCE = 0.10  # issue 11: median ratios of two benches of one commit within 0.10
 TIME_RATIOS = ("time_to_target_ratio", "time_to_target_adjusted_ratio")
 DETERMINISTIC = ("steps_to_target", "tokens_sampled_to_target", "tokens_trained_to_target")
+MOVED = 0.05  # a run whose seconds moved 5% apart from its seed's other arms is named
 
 
 class BenchDiffError(ValueError):
@@ -86,7 +89,35 @@ def compare_benches(a: dict, b: dict, tolerance: float = TOLERANCE) -> dict:
                                or (diff is not None and diff <= tolerance)})
     worst = max((r for r in ratios if r["diff"] is not None), key=lambda r: r["diff"], default=None)
     return {"tolerance": tolerance, "ratios": ratios, "worst": worst, "mismatched_runs": mismatched,
-            "within": not mismatched and all(r["within"] for r in ratios)}
+            "moved_runs": moved_runs(a, b), "within": not mismatched and all(r["within"] for r in ratios)}
+
+
+def moved_runs(a: dict, b: dict, threshold: float = MOVED) -> list[dict]:
+    """The runs whose seconds to target moved apart from their seed's other arms between the two
+    benches: where a ratio disagrees, these are why.
+
+    The runs of two benches of one commit are the same runs, so each arm's seconds in B over its
+    seconds in A would be one number per seed (how much faster or slower B's machine was) if load
+    hit every arm alike. Each run's B / A over the median of its seed's B / A is how far it moved on
+    its own (the load-adjusted seconds where both benches have them, else raw seconds); those
+    more than `threshold` apart, largest first."""
+    key = "time_to_target_adjusted_s"
+    if not all(r.get(key) is not None for r in a["runs"] + b["runs"] if r.get("time_to_target_s") is not None):
+        key = "time_to_target_s"
+    runs_b = {(r["method"], r["seed"]): r for r in b["runs"]}
+    out = []
+    for seed in a["seeds"]:
+        speed = {}
+        for r in a["runs"]:
+            other = runs_b.get((r["method"], seed)) if r["seed"] == seed else None
+            if other is not None and r.get(key) and other.get(key):
+                speed[r["method"]] = other[key] / r[key]
+        if len(speed) < 3:  # with two arms either one's shift is the other's
+            continue
+        typical = float(np.median(list(speed.values())))
+        out += [{"method": m, "seed": seed, "shift": v / typical - 1.0, "seconds": key}
+                for m, v in speed.items() if abs(v / typical - 1.0) > threshold]
+    return sorted(out, key=lambda x: -abs(x["shift"]))
 
 
 def _f(x) -> str:
@@ -120,6 +151,10 @@ def render_comparison(result: dict, label_a: str = "A", label_b: str = "B") -> s
                   for m in result["mismatched_runs"]]
     else:
         lines.append("Steps and tokens to target: identical for every run.")
+    if result["moved_runs"]:
+        lines.append(f"Runs whose seconds moved more than {MOVED:.0%} apart from their seed's other arms "
+                     f"({result['moved_runs'][0]['seconds']}, B / A over the seed's median):")
+        lines += [f"- {m['method']} seed {m['seed']}: {m['shift']:+.1%}" for m in result["moved_runs"]]
     w = result["worst"]
     if w is not None:
         lines.append(f"Largest difference: {w['method']} {w['ratio']} {_f(w['a'])} against {_f(w['b'])} "

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from dots.bench_diff import BenchDiffError, compare_benches, render_comparison
+from dots.bench_diff import BenchDiffError, compare_benches, moved_runs, render_comparison
 from dots.cli import main
 
 
@@ -23,7 +23,8 @@ def _summary(dapo_ratio: float = 1.34) -> dict:
         return s
 
     runs = [{"method": m, "seed": seed, "steps_to_target": steps, "tokens_sampled_to_target": 1000 * steps,
-             "tokens_trained_to_target": 500 * steps}
+             "tokens_trained_to_target": 500 * steps, "time_to_target_s": 0.1 * steps,
+             "time_to_target_adjusted_s": 0.1 * steps}
             for m, steps in (("grpo", 300), ("dots_rr", 170), ("dapo", 150)) for seed in (0, 1)]
     return {"methods": ["grpo", "dots_rr", "dapo"], "seeds": [0, 1], "steps": 300, "runs": runs,
             "summary": {"grpo": stats(1.0, 1.0, 0.73), "dots_rr": stats(0.82, 0.82, 0.56),
@@ -87,3 +88,21 @@ def test_cli_exit_status_is_diffs(tmp_path, capsys):
     assert main(["bench-diff", str(paths["a"]), str(tmp_path / "bad.json")]) == 2
     assert "not a bench summary (no 'seeds')" in capsys.readouterr().err
     assert main(["bench-diff", str(paths["a"]), str(paths["b"]), "--tolerance", "-1"]) == 2
+
+
+def test_the_runs_whose_seconds_moved_apart_from_their_seeds_arms_are_named():
+    """B's machine 10% slower for every run, except dapo seed 1, 25% slower: that run is the one
+    that moved on its own, by 1.25 / 1.10 - 1 = +13.6%."""
+    a = _summary()
+    b = copy.deepcopy(a)
+    for r in b["runs"]:
+        slower = 1.25 if (r["method"], r["seed"]) == ("dapo", 1) else 1.10
+        r["time_to_target_adjusted_s"] *= slower
+        r["time_to_target_s"] *= 1.10
+    moved = moved_runs(a, b)
+    assert [(m["method"], m["seed"], m["seconds"]) for m in moved] == [("dapo", 1, "time_to_target_adjusted_s")]
+    assert moved[0]["shift"] == pytest.approx(1.25 / 1.10 - 1)
+    assert "- dapo seed 1: +13.6%" in render_comparison(compare_benches(a, b))
+    for r in a["runs"] + b["runs"]:  # arms timed one after another (GPU): raw seconds, which moved alike here
+        r["time_to_target_adjusted_s"] = None
+    assert moved_runs(a, b) == []
