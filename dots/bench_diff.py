@@ -55,6 +55,11 @@ def _key(kind: str, baseline: str) -> str:
     return kind if baseline == "grpo" else f"{kind}_vs_{baseline}"
 
 
+def _runs(summary: dict) -> dict[tuple[str, int], dict]:
+    """A bench's run rows by (method, seed)."""
+    return {(r["method"], r["seed"]): r for r in summary["runs"]}
+
+
 def compare_benches(a: dict, b: dict, tolerance: float = TOLERANCE) -> dict:
     """Every median time ratio of two benches side by side with its difference, and every run whose
     steps or tokens to target differ. `within` is True when no ratio differs by more than
@@ -63,7 +68,7 @@ def compare_benches(a: dict, b: dict, tolerance: float = TOLERANCE) -> dict:
         if a.get(key) != b.get(key):
             raise BenchDiffError(f"the benches differ in '{key}': {a.get(key)} against {b.get(key)}; "
                                  "only benches of the same methods, seeds and budget compare")
-    runs_b = {(r["method"], r["seed"]): r for r in b["runs"]}
+    runs_b = _runs(b)
     mismatched = []
     for r in a["runs"]:
         other = runs_b.get((r["method"], r["seed"]))
@@ -104,14 +109,14 @@ def moved_runs(a: dict, b: dict, threshold: float = MOVED) -> list[dict]:
     key = "time_to_target_adjusted_s"
     if not all(r.get(key) is not None for r in a["runs"] + b["runs"] if r.get("time_to_target_s") is not None):
         key = "time_to_target_s"
-    runs_b = {(r["method"], r["seed"]): r for r in b["runs"]}
+    runs_b = _runs(b)
+    speeds: dict[int, dict[str, float]] = {seed: {} for seed in a["seeds"]}
+    for (method, seed), r in _runs(a).items():
+        other = runs_b.get((method, seed))
+        if other is not None and r.get(key) and other.get(key) and seed in speeds:
+            speeds[seed][method] = other[key] / r[key]
     out = []
-    for seed in a["seeds"]:
-        speed = {}
-        for r in a["runs"]:
-            other = runs_b.get((r["method"], seed)) if r["seed"] == seed else None
-            if other is not None and r.get(key) and other.get(key):
-                speed[r["method"]] = other[key] / r[key]
+    for seed, speed in speeds.items():
         if len(speed) < 3:  # with two arms either one's shift is the other's
             continue
         typical = float(np.median(list(speed.values())))
