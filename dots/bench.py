@@ -70,7 +70,8 @@ def bench_config(cfg: Config) -> Config:
 
 
 def seed_config(cfg: Config, seed: int) -> Config:
-    return with_overrides(cfg, [f"train.seed={seed}"])
+    """A run's config: the bench's, with its seed and the bench's torch threads (`bench.threads`)."""
+    return with_overrides(cfg, [f"train.seed={seed}", f"train.threads={cfg.bench.threads}"])
 
 
 def run_order(methods: list[str], seeds: list[int]) -> list[tuple[int, str]]:
@@ -257,6 +258,68 @@ def train_seed(cfg: Config, seed: int, methods: list[str], variants: Sequence[Va
             write_text(run_dirs(acfg, seed, m, group)[0] / "summary.json", json.dumps(json_safe(summary), indent=1))
             out[label] = summary
     return out
+
+
+def workers(cfg: Config) -> int:
+    """How many seeds train at once: `bench.workers` in lockstep on the CPU, one on a GPU (where
+    each run is planned to fill the device alone)."""
+    return cfg.bench.workers if timing(cfg) == "lockstep" else 1
+
+
+def run_seed(cfg: Config, seed: int, methods: list[str], variants: Sequence[Variant] = ()) -> dict[str, dict]:
+    """`train_seed`, in a process of its own when seeds train side by side (`workers` > 1): each
+    process sets its own torch threads and global random states, and a crash in one seed's
+    process leaves the others' runs and checkpoints intact. Spawned, not forked: a forked torch
+    or Prefect process can hang on locks its parent held."""
+    if workers(cfg) == 1:
+        return train_seed(cfg, seed, methods, variants)
+    import multiprocessing  # noqa: PLC0415
+    from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(train_seed, cfg, seed, list(methods), list(variants)).result()
+
+
+def train_seeds(cfg: Config, order: list[tuple[int, list[str]]], variants: Sequence[Variant] = (),
+                runner: Callable[..., dict] | None = None) -> None:
+    """Every seed's arms, `workers(cfg)` seeds at a time (`runner`, default `run_seed`, once per
+    seed). Why two at a time on one thread each: with two torch threads on the two cores, one
+    busy neighbour process stalls every parallel op and slowed steps 2-4x, unevenly across
+    arms; on one thread it moves them ~5% (docs/benchmark.md), and two single-threaded seeds
+    keep both cores busy. A seed that fails does not stop the seeds already training: they
+    finish (their runs are kept for the next bench to read back), the seeds not yet started
+    are dropped, and the first failure is raised."""
+    run = runner or run_seed
+    n = workers(cfg)
+    if n == 1:
+        for i, (seed, mine) in enumerate(order, 1):
+            _announced(run, cfg, seed, mine, variants, i, len(order))
+        return
+    import contextvars  # noqa: PLC0415
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    if cfg.tracking.enabled:  # the MLflow parent exists before the seeds' processes look for it
+        from .tracking import Tracker  # noqa: PLC0415
+
+        Tracker(cfg).parent()
+    say(f"bench: {len(order)} seeds, {n} at a time, {cfg.bench.threads} torch thread(s) each")
+    pool = ThreadPoolExecutor(n)
+    try:
+        # each seed's call runs in a copy of this context (Prefect's flow run, for its tasks)
+        futures = [pool.submit(contextvars.copy_context().run, _announced, run, cfg, seed, mine, variants, i, len(order))
+                   for i, (seed, mine) in enumerate(order, 1)]
+        for f in futures:
+            f.result()
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _announced(run: Callable[..., dict], cfg: Config, seed: int, mine: list[str], variants: Sequence[Variant],
+               i: int, n: int) -> dict:
+    say(f"bench: seed {seed} ({i}/{n}): {', '.join(mine)} in lockstep")
+    return run(cfg, seed, mine, variants)
 
 
 def seed_loads(cfg: Config, seed: int, labels: Sequence[str], variants: Sequence[Variant] = (),
@@ -763,10 +826,7 @@ def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, o
     start = time.perf_counter()
     prepare_shared(cfg)
     order = run_order(all_arms, seeds)
-    for i, seed in enumerate(seeds, 1):
-        mine = [m for s, m in order if s == seed]
-        say(f"bench: seed {seed} ({i}/{len(seeds)}): {', '.join(mine)} in lockstep")
-        (runner or train_seed)(cfg, seed, mine, variants)
+    train_seeds(cfg, [(seed, [m for s, m in order if s == seed]) for seed in seeds], variants, runner)
     result = report(cfg, all_arms, seeds, out_dir, dataset, {"bench_wall_s": time.perf_counter() - start}, variants)
     say(Path(out_dir / "table.md").read_text())
     return result

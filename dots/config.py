@@ -398,6 +398,17 @@ class TrainConfig(_Section):
         return self.lr if self.lr is not None else self.lr_by_method[method]
 
 
+class BenchConfig(_Section):
+    """How `make bench` times its runs on the CPU (docs/benchmark.md, "One thread a run")."""
+    workers: int = _range(1, 64, default=2,
+                          desc="seeds the bench trains at once, each seed's arms in lockstep in a process of its "
+                               "own (on a GPU, where runs are timed one after another, always 1)")
+    threads: int = _range(1, 256, default=1,
+                          desc="torch threads of every bench run (it replaces train.threads there; the shared "
+                               "stages keep train.threads): on one thread a busy neighbour process moves a step "
+                               "by ~5%, on two by 2-4x (docs/benchmark.md)")
+
+
 class TrackingConfig(_Section):
     enabled: bool = Field(True, description="log runs to MLflow (parent per pipeline, child per method)")
     uri: str | None = Field(None, description="tracking URI; null: $MLFLOW_TRACKING_URI, else "
@@ -429,6 +440,7 @@ class Config(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    bench: BenchConfig = Field(default_factory=BenchConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     paths: PathsConfig = Field(default_factory=PathsConfig)
 

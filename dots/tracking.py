@@ -65,7 +65,7 @@ def data_version(cfg: Config) -> str:
 
 def pipeline_id(cfg: Config) -> str:
     return os.environ.get("DOTS_PIPELINE_ID") or (
-        cfg.fingerprint(("paths", "train.method", "train.threads", "tracking")) + "-" + git_commit()[:12])
+        cfg.fingerprint(("paths", "train.method", "train.threads", "bench", "tracking")) + "-" + git_commit()[:12])
 
 
 def _first_line(exc: Exception) -> str:

@@ -442,7 +442,7 @@ class Trainer:
     def _run_fingerprint(self) -> str:
         """What a checkpoint is valid for: every param that changes the trajectory (a longer
         `train.steps`, other threads or checkpoint spacing may resume)."""
-        return self.cfg.fingerprint(("paths", "train.method", "train.methods", "train.threads",
+        return self.cfg.fingerprint(("paths", "train.method", "train.methods", "train.threads", "bench",
                                      "train.checkpoint_every", "train.steps"), self.method) + ":" + self.policy_identity
 
     def _checkpoint(self) -> None:

@@ -2,8 +2,10 @@
 seed that trains every method of that seed in lockstep, then the report (results/bench + the
 MLflow parent run).
 
-Each seed task is a thin wrapper over `dots.bench.train_seed`; a retried task reads back the
-runs that finished and resumes the others from their checkpoints. The flow measures each
+Each seed task is a thin wrapper over `dots.bench.run_seed` (its arms in lockstep, in a process
+of its own when `bench.workers` seeds train at once; the tasks are then called from worker
+threads, each in a copy of the flow's context); a retried task reads back the runs that
+finished and resumes the others from their checkpoints. The flow measures each
 task's wall-clock from outside and writes the difference to the runs' own wall-clock into
 their summaries as `orchestration_s`, so the report can say what Prefect adds to training.
 """
@@ -32,7 +34,7 @@ def shared_stages(cfg: Config) -> dict:
 @task(name="bench-seed", task_run_name="bench-seed{seed}", retries=1, retry_delay_seconds=5,
       cache_policy=NO_CACHE)
 def bench_seed(cfg: Config, seed: int, methods: list[str], variants: list[bench.Variant]) -> dict:
-    return bench.train_seed(cfg, seed, methods, variants)
+    return bench.run_seed(cfg, seed, methods, variants)
 
 
 def timed_runner(cfg: Config, seed: int, methods: list[str], variants: list[bench.Variant] = ()) -> dict:

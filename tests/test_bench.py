@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from dots import bench
-from dots.config import load_config
+from dots.config import load_config, with_overrides
 
 from .conftest import REPO, SHARED_DATA, mlflow_runs, require_shared, tiny_overrides
 
@@ -519,13 +519,6 @@ def test_lockstep_runs_are_the_runs_trained_alone(tiny_pipeline, tmp_path):
                                              "train.checkpoint_every=2", "tracking.enabled=false"])
     methods = ["grpo", "dots_rr", "greso"]
 
-    def untimed(run_dir):
-        records = [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
-                   for line in (run_dir / "records.jsonl").read_text().splitlines() if line]
-        evals = [{k: v for k, v in e.items() if k != "elapsed_s"}
-                 for e in json.loads((run_dir / "evals.json").read_text())]
-        return records, evals
-
     for m in methods:
         stages.train(cfg, m, resume=False, run_dir=tmp_path / "alone" / m, checkpoint_dir=tmp_path / "ck1" / m)
     together = stages.train_lockstep(cfg, [(m, tmp_path / "lock" / m, tmp_path / "ck2" / m) for m in methods])
@@ -534,9 +527,64 @@ def test_lockstep_runs_are_the_runs_trained_alone(tiny_pipeline, tmp_path):
 
     for m in methods:
         assert together[m]["lockstep"] == methods and together[m]["steps"] == 4
-        assert untimed(tmp_path / "lock" / m) == untimed(tmp_path / "alone" / m), m
+        assert _untimed(tmp_path / "lock" / m) == _untimed(tmp_path / "alone" / m), m
         alone, lock = (load_file(tmp_path / d / m / "model" / "model.safetensors") for d in ("alone", "lock"))
         assert all(torch.equal(alone[k], lock[k]) for k in alone), m
+
+
+def _untimed(run_dir):
+    """A run's records and evaluations less their seconds: what must not depend on how it was timed."""
+    records = [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+               for line in (run_dir / "records.jsonl").read_text().splitlines() if line]
+    evals = [{k: v for k, v in e.items() if k != "elapsed_s"} for e in json.loads((run_dir / "evals.json").read_text())]
+    return records, evals
+
+
+def test_a_seed_trained_in_its_own_process_is_the_run_trained_in_this_one(tiny_pipeline, tmp_path):
+    """With `bench.workers` > 1 each seed trains in a spawned process with `bench.threads` torch
+    threads: the same runs, step for step and token for token, as in-process with those threads."""
+    base = [*tiny_overrides(tiny_pipeline.root), "train.steps=4", "eval.every=2", "train.checkpoint_every=2",
+            "tracking.enabled=false", "bench.threads=1"]
+    arms = ["grpo", "dots_rr"]
+    runs = {}
+    for n in (1, 2):
+        cfg = load_config(REPO / "params.yaml", [*base, f"bench.workers={n}"])
+        cfg = with_overrides(cfg, [f"paths.root={tmp_path / f'w{n}'}"])
+        for sub in SHARED_STAGES:  # the tiny pipeline's shared stages, as the bench flow's fixture does
+            shutil.copytree(tiny_pipeline.root / sub, cfg.root / sub)
+        assert bench.workers(cfg) == n and bench.seed_config(cfg, 0).train.threads == 1
+        out = bench.run_seed(cfg, 0, arms)
+        assert sorted(out) == sorted(arms) and all(s["steps"] == 4 for s in out.values())
+        group = bench.lockstep_group(cfg, 0, arms)
+        runs[n] = {m: _untimed(bench.run_dirs(cfg, 0, m, group)[0]) for m in arms}
+    assert runs[1] == runs[2]
+
+
+def test_seeds_train_workers_at_a_time_and_a_failed_seed_lets_the_others_finish(tmp_path):
+    import threading
+
+    cfg = bench.bench_config(load_config(None, [f"paths.root={tmp_path}", "train.device=cpu", "bench.workers=2",
+                                                "tracking.enabled=false"]))
+    both = threading.Barrier(2, timeout=30)  # passes only if two seeds' calls run at the same time
+    done, lock = [], threading.Lock()
+
+    def runner(c, seed, arms, variants):
+        if seed in (0, 1):
+            both.wait()
+        if seed == 1:
+            raise RuntimeError("seed 1 broke")
+        with lock:
+            done.append(seed)
+        return {}
+    order = [(s, ["grpo"]) for s in (0, 1, 2, 3)]
+    with pytest.raises(RuntimeError, match="seed 1 broke"):
+        bench.train_seeds(cfg, order, runner=runner)
+    assert 0 in done  # the seed beside the failed one finished; the bench stopped at the failure
+    done.clear()
+    one = bench.bench_config(load_config(None, [f"paths.root={tmp_path}", "train.device=cpu", "bench.workers=1",
+                                                "tracking.enabled=false"]))
+    bench.train_seeds(one, [(s, ["grpo"]) for s in (2, 3)], runner=lambda c, s, a, v: done.append(s) or {})
+    assert done == [2, 3]  # one at a time, in order
 
 
 def test_global_rng_slots_keep_each_runs_sequence():
