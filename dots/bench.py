@@ -780,6 +780,7 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
     result = {"date": time.strftime("%Y-%m-%d"), "methods": methods, "seeds": seeds,
               "steps": cfg.train.steps, "targets": targets, "baseline_targets": own_targets,
               "eval_metric": cfg.eval.metric,
+              "timing": {"mode": timing(cfg), "workers": workers(cfg), "threads": seed_config(cfg, seeds[0]).train.threads},
               "eval_samples": cfg.eval.samples, "smooth": cfg.eval.smooth, "confidence": CONFIDENCE,
               "summary": summary, "task_checks": checks, "goals": goal_list,
               "predictor_round": rnd, "runs_wall_s": runs_wall_s(rows), "runs": rows,

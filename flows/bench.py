@@ -81,7 +81,31 @@ def bench_flow(seeds: list[int] | None = None, methods: list[str] | None = None,
                            DEEPSCALER if DEEPSCALER.exists() else None, runner=timed_runner, variants=arms)
 
 
+def overrides_from_argv(argv: list[str]) -> list[str]:
+    """`make bench BENCH_ARGS=...` overrides: bare `key=value` words, or `-S key=value` /
+    `--set key=value` as the `dots` CLI takes them."""
+    return [a for a in argv if a not in ("-S", "--set")]
+
+
+def main(argv: list[str]) -> int:
+    """Check the params before the flow starts: a bad key or value is one line naming it (exit
+    2), not a traceback from inside a flow run."""
+    import sys  # noqa: PLC0415
+
+    from dots.config import ConfigError  # noqa: PLC0415
+    from dots.redact import scrub  # noqa: PLC0415
+
+    overrides = overrides_from_argv(argv)
+    try:
+        bench.bench_config(load_config("params.yaml", overrides))
+    except ConfigError as exc:
+        print(f"make bench: {scrub(str(exc))}", file=sys.stderr)
+        return 2
+    bench_flow(overrides=overrides)
+    return 0
+
+
 if __name__ == "__main__":
     import sys
 
-    bench_flow(overrides=sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

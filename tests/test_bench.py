@@ -64,6 +64,8 @@ def test_bench_flow_writes_summary_table_and_plot(bench_run):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["seeds"] == [0, 1] and summary["methods"] == ARMS
     assert len(summary["runs"]) == 10
+    # the flow trained its two seeds at once, each in a process of its own, one torch thread a run
+    assert summary["timing"] == {"mode": "lockstep", "workers": 2, "threads": 1}
     # the variant: its own runs, trained in each seed's lockstep group, paired with dots by seed
     tau3 = summary["summary"]["tau3"]
     assert tau3["variant_of"] == "dots" and tau3["overrides"] == ["selection.tau=0.3"]
@@ -863,3 +865,20 @@ def test_a_bound_an_ulp_above_the_largest_ratio_is_that_ratio_not_never():
     lo, hi = bench.median_interval(ratios)
     assert lo == min(ratios) and hi == max(ratios)
     assert bench.median_interval([1.0, 2.0, float("inf"), float("inf"), float("inf")])[1] == float("inf")
+
+
+def test_make_bench_takes_s_style_overrides_and_refuses_a_bad_one_in_one_line(monkeypatch, capsys):
+    """`make bench BENCH_ARGS="-S train.steps=0"` was a traceback from inside the flow run; now
+    the params are checked before the flow starts and the key is named in one line."""
+    from flows import bench as bench_module
+
+    assert bench_module.overrides_from_argv(["-S", "train.steps=200", "--set", "eval.every=5", "bench.workers=1"]) \
+        == ["train.steps=200", "eval.every=5", "bench.workers=1"]
+    monkeypatch.chdir(REPO)
+    started = []
+    monkeypatch.setattr(bench_module, "bench_flow", lambda **kw: started.append(kw))
+    assert bench_module.main(["-S", "train.steps=0"]) == 2
+    err = capsys.readouterr().err
+    assert "train.steps" in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
+    assert started == []
+    assert bench_module.main(["-S", "bench.workers=1"]) == 0 and started == [{"overrides": ["bench.workers=1"]}]
