@@ -8,7 +8,9 @@ tokens to target must be identical (a run's numbers are deterministic for one bu
 means another commit, another build or another config, and then the seconds are not comparable
 either).
 
-Exit status as `diff`'s: 0 agree, 1 differ, 2 bad input.
+Which figure decides: the load-adjusted time ratios where both benches have them, as the bench's
+goals judge them; raw seconds otherwise (arms timed one after another, on a GPU). Both are shown,
+each with its own verdict. Exit status as `diff`'s: 0 agree, 1 differ, 2 bad input.
 """
 
 from __future__ import annotations
@@ -93,8 +95,24 @@ def compare_benches(a: dict, b: dict, tolerance: float = TOLERANCE) -> dict:
                                "diff": diff, "within": (va is None and vb is None)
                                or (diff is not None and diff <= tolerance)})
     worst = max((r for r in ratios if r["diff"] is not None), key=lambda r: r["diff"], default=None)
+    verdicts = {}
+    for kind in TIME_RATIOS:
+        mine = [r for r in ratios if r["ratio"].split("_vs_")[0] == kind]
+        if any(r["diff"] is not None for r in mine):
+            verdicts[kind] = {"within": all(r["within"] for r in mine),
+                              "worst": max((r for r in mine if r["diff"] is not None), key=lambda r: r["diff"])}
+    judged = judged_ratio(verdicts)
     return {"tolerance": tolerance, "ratios": ratios, "worst": worst, "mismatched_runs": mismatched,
-            "moved_runs": moved_runs(a, b), "within": not mismatched and all(r["within"] for r in ratios)}
+            "moved_runs": moved_runs(a, b), "verdicts": verdicts, "judged": judged,
+            "within": not mismatched and (judged is None or verdicts[judged]["within"])}
+
+
+def judged_ratio(verdicts: dict) -> str | None:
+    """The time ratio whose agreement decides: the load-adjusted one where both benches have it,
+    as the bench's goals judge it (`dots.bench.goals`); raw seconds where the arms were timed one
+    after another (a GPU) and there is no load to divide out. The other is still shown and
+    flagged."""
+    return TIME_RATIOS[1] if TIME_RATIOS[1] in verdicts else (TIME_RATIOS[0] if TIME_RATIOS[0] in verdicts else None)
 
 
 def moved_runs(a: dict, b: dict, threshold: float = MOVED) -> list[dict]:
@@ -160,9 +178,12 @@ def render_comparison(result: dict, label_a: str = "A", label_b: str = "B") -> s
         lines.append(f"Runs whose seconds moved more than {MOVED:.0%} apart from their seed's other arms "
                      f"({result['moved_runs'][0]['seconds']}, B / A over the seed's median):")
         lines += [f"- {m['method']} seed {m['seed']}: {m['shift']:+.1%}" for m in result["moved_runs"]]
-    w = result["worst"]
-    if w is not None:
-        lines.append(f"Largest difference: {w['method']} {w['ratio']} {_f(w['a'])} against {_f(w['b'])} "
-                     f"({_f(w['diff'])}).")
-    lines.append("The benches agree." if result["within"] else "The benches do **not** agree.")
+    names = {TIME_RATIOS[0]: "Raw seconds", TIME_RATIOS[1]: "Load-adjusted seconds"}
+    for kind, v in result["verdicts"].items():
+        w = v["worst"]
+        judged = " (what the goals judge)" if kind == result["judged"] else ""
+        lines.append(f"{names[kind]}{judged}: {'within' if v['within'] else '**beyond**'} {tol:.2f}; largest "
+                     f"difference {w['method']} / {w['baseline']} {_f(w['a'])} against {_f(w['b'])} ({_f(w['diff'])}).")
+    which = f" on the {names[result['judged']].lower()}" if result["judged"] else ""
+    lines.append(f"The benches agree{which}." if result["within"] else f"The benches do **not** agree{which}.")
     return "\n".join(lines)

@@ -46,7 +46,28 @@ def test_a_ratio_beyond_the_tolerance_is_named():
     bad = [r for r in result["ratios"] if not r["within"]]
     assert [(r["method"], r["ratio"]) for r in bad] == [("dapo", "time_to_target_adjusted_ratio")]
     text = render_comparison(result)
-    assert "**(> 0.10)**" in text and "do **not** agree" in text
+    assert "**(> 0.10)**" in text and "do **not** agree on the load-adjusted seconds" in text
+    assert "Load-adjusted seconds (what the goals judge): **beyond** 0.10" in text
+    assert "Raw seconds: within 0.10" in text
+
+
+def test_the_load_adjusted_ratios_decide_and_raw_seconds_are_shown_with_their_own_verdict():
+    """The 57a3b8b pair: raw dapo / grpo 1.48 against 1.36, load-adjusted within 0.03. The goals
+    judge the adjusted ratio, so the benches agree, and the raw difference is still flagged."""
+    a, b = _summary(1.34), _summary(1.34)
+    b["summary"]["dapo"]["time_to_target_ratio"] = 1.52
+    result = compare_benches(a, b)
+    assert result["within"] and result["judged"] == "time_to_target_adjusted_ratio"
+    assert not result["verdicts"]["time_to_target_ratio"]["within"]
+    text = render_comparison(result)
+    assert "Raw seconds: **beyond** 0.10; largest difference dapo / grpo 1.400 against 1.520 (0.120)" in text
+    assert "The benches agree on the load-adjusted seconds." in text
+    for bench in (a, b):  # a GPU bench: no adjusted ratios, so raw seconds decide
+        for stats in bench["summary"].values():
+            for key in [k for k in stats if k.startswith("time_to_target_adjusted_ratio")]:
+                del stats[key]
+    result = compare_benches(a, b)
+    assert result["judged"] == "time_to_target_ratio" and not result["within"]
     assert compare_benches(_summary(1.27), _summary(1.39), tolerance=0.15)["within"]
 
 
@@ -78,7 +99,7 @@ def test_cli_exit_status_is_diffs(tmp_path, capsys):
         paths[name] = tmp_path / f"{name}.json"
         paths[name].write_text(json.dumps(_summary(ratio)))
     assert main(["bench-diff", str(paths["a"]), str(paths["b"])]) == 0
-    assert "The benches agree." in capsys.readouterr().out
+    assert "The benches agree on the load-adjusted seconds." in capsys.readouterr().out
     assert main(["bench-diff", str(paths["a"]), str(paths["c"])]) == 1
     assert main(["bench-diff", str(paths["a"]), str(paths["c"]), "--tolerance", "0.2"]) == 0
     capsys.readouterr()
