@@ -314,7 +314,8 @@ def train_lockstep(cfg: Config, specs: list[tuple], seed_tag: int | None = None)
     names = [s.name or s.method for s in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"train_lockstep: run names must differ; got {names}")
-    with Progress(f"train {'+'.join(names)} (lockstep)", cfg.train.steps * len(specs)) as bar:
+    seed = "" if seed_tag is None else f", seed {seed_tag}"  # two seeds' processes share one log in the bench
+    with Progress(f"train {'+'.join(names)} (lockstep{seed})", cfg.train.steps * len(specs)) as bar:
         runs = []
         for spec, name in zip(specs, names):
             runs.append(_open_run(spec.cfg or cfg, spec.method, True, spec.run_dir, spec.checkpoint_dir, seed_tag,
