@@ -172,8 +172,10 @@ class WarmupConfig(_Section):
                                                     "pool keeps unsolved and half-solved questions")
     batch_size: int = _range(1, None, default=128, desc="sequences per supervised step")
     lr: float = _range(0, 1, lo_open=True, default=3e-3, desc="AdamW learning rate")
-    checkpoints: list[int] = Field(default_factory=lambda: [300, 350],
-                                   description="intermediate steps saved as extra labelling policies")
+    checkpoints: list[int] = Field(default_factory=lambda: [300, 350, 600, 800],
+                                   description="steps saved as extra labelling policies; one past warmup.steps "
+                                               "goes on training after 'final' (the RL start) is saved, for "
+                                               "labels only")
     spectrum_questions: int = _range(8, None, default=1024, desc="pool questions rolled out (G each) to "
                                                                  "print the difficulty spectrum")
 
@@ -189,7 +191,7 @@ class EmbedConfig(_Section):
 
 class LabelConfig(_Section):
     num_questions: int = _range(8, None, default=2048, desc="pool questions labelled for the predictor")
-    policies: list[str] = Field(default_factory=lambda: ["step300", "step350", "final"],
+    policies: list[str] = Field(default_factory=lambda: ["step300", "step350", "final", "step600", "step800"],
                                 description="warm-up checkpoints whose pass rates label the predictor data")
 
 
@@ -466,9 +468,9 @@ class Config(_Section):
                 f"selection.ref_size: ref_size + selection.every x train.batch_size "
                 f"({self.selection.ref_size} + {fresh_per_round}) must be <= task.pool_size ({pool})")
         for step in self.warmup.checkpoints:
-            if not 0 < step < self.warmup.steps:
-                raise ValueError(f"warmup.checkpoints: each must be in (0, warmup.steps={self.warmup.steps}); "
-                                 f"got {step}")
+            if step <= 0 or step == self.warmup.steps:
+                raise ValueError(f"warmup.checkpoints: each must be > 0 and not warmup.steps={self.warmup.steps} "
+                                 f"(that one is 'final'); got {step}")
         known = {f"step{s}" for s in self.warmup.checkpoints} | {"final"}
         if self.model.pretrained:
             known = {"final"}

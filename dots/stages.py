@@ -147,7 +147,7 @@ def run_warmup(cfg: Config) -> dict:
         info = {"steps": 0, "seconds": 0.0, "final_loss": None, "pretrained": cfg.model.pretrained}
     else:
         seen_by_rl = frozenset(q.prompt for q in pool) | frozenset(q.prompt for q in held)
-        with Progress("warm-up", cfg.warmup.steps) as bar:
+        with Progress("warm-up", max([cfg.warmup.steps, *cfg.warmup.checkpoints])) as bar:
             info = warmup(cfg, p.warmup, progress=lambda step, loss: bar.update(step, loss=loss),
                           exclude=seen_by_rl)
     model, tok = load_policy(policy_path(cfg), getattr(torch, cfg.model.dtype))
@@ -162,7 +162,8 @@ def run_warmup(cfg: Config) -> dict:
     info["spectrum"] = spec
     info["spectrum_questions"] = len(sample)
     _write_json(p.warmup / "spectrum.json", info)
-    say(f"warm-up: {info['steps']} steps in {info['seconds']:.0f}s; pool spectrum under G={cfg.rollout.group_size}"
+    extra = f" (+{info['label_only_steps']} for labelling only)" if info.get("label_only_steps") else ""
+    say(f"warm-up: {info['steps']} steps{extra} in {info['seconds']:.0f}s; pool spectrum under G={cfg.rollout.group_size}"
         f" ({len(sample)} questions): never {spec['never']:.0%}, sometimes {spec['sometimes']:.0%}, "
         f"always {spec['always']:.0%}")
     return info

@@ -6,6 +6,12 @@ of questions drawn from the task's tiers (never a pool or held-out question: the
 both sets and every drawn sum that is one of them is redrawn), and stops
 after `warmup.steps`, so the pool keeps a real share of never-, sometimes- and
 always-solved questions. Intermediate checkpoints are saved as extra labelling policies.
+
+A checkpoint past `warmup.steps` is a labelling policy only: the same run goes on (same data
+stream, same schedule) after `final` is saved, so the RL start is the model it would be
+without it, while the predictor also learns from a policy as strong as RL will make it. Labels
+of the early policies alone are almost all "never solved", and a predictor that has only seen
+those has little to say once RL solves half the pool.
 """
 
 from __future__ import annotations
@@ -62,7 +68,8 @@ def supervised_batch(tokenizer, pairs: list[tuple[str, str]]) -> dict[str, torch
 
 def warmup(cfg: Config, out_dir: str | Path, progress: Callable[[int, float], None] | None = None,
            exclude: frozenset[str] | set[str] = frozenset()) -> dict:
-    """Train and save `final` plus `step<N>` checkpoints under out_dir; returns a summary.
+    """Train and save `final` (at `warmup.steps`) plus `step<N>` checkpoints under out_dir, going on
+    past `final` for checkpoints beyond it; returns a summary.
     `exclude`: prompts the warm-up must never see (the stage passes every pool and held-out prompt)."""
     out_dir = Path(out_dir)
     torch.manual_seed(cfg.task.seed)
@@ -72,8 +79,9 @@ def warmup(cfg: Config, out_dir: str | Path, progress: Callable[[int, float], No
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warmup.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
     model.train()
-    start, loss_val = time.perf_counter(), float("nan")
-    for step in range(1, cfg.warmup.steps + 1):
+    start, loss_val, final_loss = time.perf_counter(), float("nan"), float("nan")
+    last = max([cfg.warmup.steps, *cfg.warmup.checkpoints])
+    for step in range(1, last + 1):
         batch = supervised_batch(tokenizer, sample_batch(rng, cfg, cfg.warmup.batch_size, exclude))
         loss = model(**batch, use_cache=False).loss
         opt.zero_grad(set_to_none=True)
@@ -86,5 +94,8 @@ def warmup(cfg: Config, out_dir: str | Path, progress: Callable[[int, float], No
             progress(step, loss_val)
         if step in cfg.warmup.checkpoints:
             save_policy(model, tokenizer, out_dir / f"step{step}")
-    save_policy(model, tokenizer, out_dir / "final")
-    return {"steps": cfg.warmup.steps, "final_loss": loss_val, "seconds": time.perf_counter() - start}
+        if step == cfg.warmup.steps:
+            save_policy(model, tokenizer, out_dir / "final")
+            final_loss = loss_val
+    return {"steps": cfg.warmup.steps, "final_loss": final_loss, "label_only_steps": last - cfg.warmup.steps,
+            "seconds": time.perf_counter() - start}

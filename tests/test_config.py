@@ -57,8 +57,9 @@ def test_label_policy_must_name_a_checkpoint():
     refused(["warmup.checkpoints=[200]", "label.policies=[step200, step800]"], "label.policies", "step800")
 
 
-def test_checkpoint_beyond_warmuprefused():
-    refused(["warmup.steps=100", "warmup.checkpoints=[200]", "label.policies=[final]"], "warmup.checkpoints")
+def test_checkpoint_at_final_or_not_positive_refused():
+    refused(["warmup.steps=100", "warmup.checkpoints=[100]", "label.policies=[final]"], "warmup.checkpoints")
+    refused(["warmup.steps=100", "warmup.checkpoints=[0]", "label.policies=[final]"], "warmup.checkpoints")
 
 
 def test_override_without_equalsrefused():

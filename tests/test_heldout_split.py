@@ -8,6 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 
 from dots import stages
 from dots import warmup as warmup_mod
@@ -101,3 +102,23 @@ def test_the_warmup_stage_trains_on_no_pool_or_heldout_prompt(tmp_path, monkeypa
     # the small tier (100 sums, many in pool or held-out) was drawn, so the check had something to catch
     assert any(_tier_of(p, cfg) == (2, 1) for p in seen)
     assert any(_tier_of(q.prompt, cfg) == (2, 1) for q in pool + held)
+
+
+def test_a_checkpoint_past_the_warmup_is_for_labels_only_and_leaves_the_rl_start_as_it_was(tmp_path):
+    """A labelling checkpoint beyond `warmup.steps` trains on after `final` is saved: `final` (the RL
+    start) is bit for bit the model of a warm-up without it, and the later checkpoint is another model."""
+    from safetensors.torch import load_file
+
+    base = [*SMALL, "warmup.steps=12", "warmup.checkpoints=[6]", "label.policies=[final]"]
+    plain = load_config(REPO / "params.yaml", [*base, f"paths.root={tmp_path / 'a'}"])
+    longer = load_config(REPO / "params.yaml", [*base, f"paths.root={tmp_path / 'b'}",
+                                                 "warmup.checkpoints=[6, 20]", "label.policies=[final, step20]"])
+    a = warmup_mod.warmup(plain, tmp_path / "a")
+    b = warmup_mod.warmup(longer, tmp_path / "b")
+    assert a["steps"] == b["steps"] == 12 and a["final_loss"] == b["final_loss"]
+    assert a["label_only_steps"] == 0 and b["label_only_steps"] == 8
+    fa = load_file(tmp_path / "a" / "final" / "model.safetensors")
+    fb = load_file(tmp_path / "b" / "final" / "model.safetensors")
+    assert fa.keys() == fb.keys() and all(torch.equal(fa[k], fb[k]) for k in fa)
+    later = load_file(tmp_path / "b" / "step20" / "model.safetensors")
+    assert any(not torch.equal(later[k], fb[k]) for k in fb)
