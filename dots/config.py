@@ -193,6 +193,10 @@ class LabelConfig(_Section):
     num_questions: int = _range(8, None, default=2048, desc="pool questions labelled for the predictor")
     policies: list[str] = Field(default_factory=lambda: ["step300", "step350", "final", "step600", "step800"],
                                 description="warm-up checkpoints whose pass rates label the predictor data")
+    samples: int | None = _range(2, None, default=None,
+                                 desc="rollouts per labelled question; None: rollout.group_size. More samples "
+                                      "give the predictor less noisy targets (a labelling pass costs about "
+                                      "samples / G times as much)")
 
 
 class PredictorConfig(_Section):

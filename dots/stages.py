@@ -221,19 +221,21 @@ def label(cfg: Config) -> dict:
     rng = np.random.default_rng(cfg.task.seed + 7)
     idx = np.sort(rng.choice(len(pool), size=cfg.label.num_questions, replace=False))
     subset = [pool[i] for i in idx]
-    out = {"question_index": idx.tolist(), "group_size": cfg.rollout.group_size, "policies": {}}
+    samples = cfg.label.samples or cfg.rollout.group_size
+    out = {"question_index": idx.tolist(), "group_size": samples, "policies": {}}
     for name in cfg.label.policies:
         model, tok = load_policy(labelling_policy(cfg, name), getattr(torch, cfg.model.dtype))
         model.to(resolve_device(cfg.train.device))
         engine = engine_for(cfg, model, tok, seed=cfg.task.seed, sleep_mode=False)
-        rates = pass_rates(engine, tok, subset, cfg.rollout.group_size, cfg.rollout.temperature,
+        rates = pass_rates(engine, tok, subset, samples, cfg.rollout.temperature,
                            cfg.rollout.max_new_tokens, torch.Generator().manual_seed(cfg.task.seed),
-                           chunk=_questions_per_chunk(cfg), io=task_io(cfg), progress=f"label {name}")
+                           chunk=max(1, cfg.rollout.batch_size // samples), io=task_io(cfg),
+                           progress=f"label {name}")
         close_engine(engine)  # one labelling policy's engine at a time
         out["policies"][name] = (1.0 - rates).tolist()
         spec = spectrum(rates)
         say(f"label: {name}: never {spec['never']:.0%}, sometimes {spec['sometimes']:.0%}, "
-            f"always {spec['always']:.0%} on {len(subset)} questions")
+            f"always {spec['always']:.0%} on {len(subset)} questions, G={samples}")
     _write_json(p.labels, out)
     return {"questions": len(subset), "policies": list(out["policies"])}
 

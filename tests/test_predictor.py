@@ -188,3 +188,22 @@ def test_pearson_ceiling_edges():
     assert np.isnan(pearson_ceiling([np.array([1.0, 0.0])]))              # one question
     # noise larger than the spread it should explain: no signal left to find, not a negative root
     assert pearson_ceiling([np.array([1.0, 0.0, 1.0, 0.0]), np.array([0.0, 1.0, 0.0, 0.0])]) == 0.0
+
+
+def test_label_samples_sets_the_rollouts_per_labelled_question(tiny_pipeline, tmp_path):
+    """`label.samples` labels each question from that many rollouts (here 16, against G = 8), so a
+    pass rate can fall between the eighths; the file records the count. In a copy of the tiny
+    workspace: the shared fixture's labels stay as they are."""
+    import shutil
+
+    from tests.conftest import tiny_config
+
+    root = tmp_path / "artifacts"
+    shutil.copytree(stages.paths(tiny_pipeline).root, root)
+    cfg = tiny_config(root, "label.samples=16", "label.num_questions=256", "label.policies=[final]")
+    stages.label(cfg)
+    data = json.loads(stages.paths(cfg).labels.read_text())
+    rates = np.asarray(data["policies"]["final"])
+    assert data["group_size"] == 16 and len(rates) == 256
+    assert np.allclose(rates * 16, np.round(rates * 16))
+    assert not np.allclose(rates * 8, np.round(rates * 8))  # some rate is an odd sixteenth
