@@ -132,9 +132,9 @@ def load_data(cfg: Config) -> tuple[list[Question], list[Question]]:
     return load_questions(p.pool), load_questions(p.eval)
 
 
-def _questions_per_chunk(cfg: Config) -> int:
-    """Questions per engine call: G samples each, rollout.batch_size sequences in all."""
-    return max(1, cfg.rollout.batch_size // cfg.rollout.group_size)
+def _questions_per_chunk(cfg: Config, samples: int | None = None) -> int:
+    """Questions per engine call: `samples` each (default G), rollout.batch_size sequences in all."""
+    return max(1, cfg.rollout.batch_size // (samples or cfg.rollout.group_size))
 
 
 def run_warmup(cfg: Config) -> dict:
@@ -229,8 +229,7 @@ def label(cfg: Config) -> dict:
         engine = engine_for(cfg, model, tok, seed=cfg.task.seed, sleep_mode=False)
         rates = pass_rates(engine, tok, subset, samples, cfg.rollout.temperature,
                            cfg.rollout.max_new_tokens, torch.Generator().manual_seed(cfg.task.seed),
-                           chunk=max(1, cfg.rollout.batch_size // samples), io=task_io(cfg),
-                           progress=f"label {name}")
+                           chunk=_questions_per_chunk(cfg, samples), io=task_io(cfg), progress=f"label {name}")
         close_engine(engine)  # one labelling policy's engine at a time
         out["policies"][name] = (1.0 - rates).tolist()
         spec = spectrum(rates)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ import torch
 from dots import stages
 from dots.predictor import DifficultyPredictor, load_predictor, save_predictor
 from dots.predictor_training import pearson, pearson_ceiling, split_labelled
+
+from .conftest import tiny_config
 
 
 def test_saved_metrics_reach_pearson(tiny_pipeline):
@@ -194,10 +197,6 @@ def test_label_samples_sets_the_rollouts_per_labelled_question(tiny_pipeline, tm
     """`label.samples` labels each question from that many rollouts (here 16, against G = 8), so a
     pass rate can fall between the eighths; the file records the count. In a copy of the tiny
     workspace: the shared fixture's labels stay as they are."""
-    import shutil
-
-    from tests.conftest import tiny_config
-
     root = tmp_path / "artifacts"
     shutil.copytree(stages.paths(tiny_pipeline).root, root)
     cfg = tiny_config(root, "label.samples=16", "label.num_questions=256", "label.policies=[final]")
