@@ -81,6 +81,10 @@ def test_shared_prompt_logprobs_and_gradients_match_the_plain_forward(policy):
     gradient as the model's forward over every row."""
     model, tok = policy
     batch = collate(_groups(model, tok), tok.pad_token_id)
+    lengths = batch.response_mask.sum(-1)
+    # answers of several lengths: the shared forward runs only the positions that predict a real
+    # token, so the rows that end early (padding after them) are the case to check
+    assert lengths.min() < lengths.max() == batch.response_mask.shape[1]
     grads = []
     for shared in (True, False):
         model.zero_grad(set_to_none=True)
