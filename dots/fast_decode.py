@@ -109,10 +109,18 @@ def _head(model: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
 
 def _block(block, h: torch.Tensor, eps: float, n_embd: int, heads: int):
     """LayerNorm and q/k/v of one block for hidden states h: (n, T, E) -> three (n, H, T, d)."""
-    a = F.layer_norm(h, (n_embd,), block.ln_1.weight, block.ln_1.bias, eps)
-    q, k, v = (block.attn.c_attn(a)).split(n_embd, dim=2)
-    n, t = h.shape[:2]
-    return [x.view(n, t, heads, n_embd // heads).transpose(1, 2) for x in (q, k, v)]
+    return _heads(_qkv(block, h, eps, n_embd), n_embd, heads)
+
+
+def _qkv(block, h: torch.Tensor, eps: float, n_embd: int) -> torch.Tensor:
+    """LayerNorm and the fused q/k/v projection: (..., E) -> (..., 3E), any leading shape."""
+    return block.attn.c_attn(F.layer_norm(h, (n_embd,), block.ln_1.weight, block.ln_1.bias, eps))
+
+
+def _heads(qkv: torch.Tensor, n_embd: int, heads: int) -> list[torch.Tensor]:
+    """(n, T, 3E) fused q/k/v -> three (n, H, T, d)."""
+    n, t = qkv.shape[:2]
+    return [x.view(n, t, heads, n_embd // heads).transpose(1, 2) for x in qkv.split(n_embd, dim=2)]
 
 
 def _finish(block, h: torch.Tensor, o: torch.Tensor, eps: float, n_embd: int) -> torch.Tensor:
@@ -183,8 +191,7 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
     cfg = model.config
     tr = model.transformer
     eps, n_embd, heads = cfg.layer_norm_epsilon, cfg.n_embd, cfg.n_head
-    head_dim = n_embd // heads
-    scale = 1.0 / math.sqrt(head_dim)
+    scale = 1.0 / math.sqrt(n_embd // heads)
     n, width = input_ids.shape[0], prompt_width
     length = input_ids.shape[1] - width
     p_ids, p_attn = input_ids[:, :width], attention_mask[:, :width].bool()
@@ -210,10 +217,9 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
 
     def run_block(block, h, r):
         qp, kp, vp = _block(block, h, eps, n_embd, heads)
-        a = F.layer_norm(r, (n_embd,), block.ln_1.weight, block.ln_1.bias, eps)
         qkv = r.new_zeros((n, length, 3 * n_embd))
-        qkv[at] = block.attn.c_attn(a)
-        qr, kr, vr = [x.view(n, length, heads, head_dim).transpose(1, 2) for x in qkv.split(n_embd, dim=2)]
+        qkv[at] = _qkv(block, r, eps, n_embd)  # the packed positions, back in their (N, L) places
+        qr, kr, vr = _heads(qkv, n_embd, heads)
         op = _attention_weights(qp @ kp.transpose(-1, -2) * scale, mask_p[:, None]) @ vp
         a = _attention_weights(torch.cat([qr @ kp[rows].transpose(-1, -2), qr @ kr.transpose(-1, -2)], dim=-1) * scale,
                                mask_r)  # one softmax over [its prompt's keys | its own keys]
