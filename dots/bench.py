@@ -51,6 +51,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import time_split
 from .atomic import write_text
 from .config import BENCH_METHODS, METHODS, TRAITS, Config, ConfigError, with_overrides
 from .machine_load import adjusted_seconds, round_loads
@@ -376,6 +377,7 @@ def run_row(cfg: Config, seed: int, label: str, target: float | None, variants: 
     for part in SPLIT:
         row[f"{part}_s"] = mean(f"time/{part}_s")
     row["other_s"] = row["step_s"] - sum(row[f"{p}_s"] for p in SPLIT) if row["step_s"] is not None else None
+    row.update(time_split.row_fields(run_dir, row["steps_to_target"]))
     return row
 
 
@@ -496,6 +498,7 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
                 stats[name + suffix] = pr["median"]
                 stats[f"{name}{suffix}_per_seed"] = pr["per_seed"]
                 stats[f"{name}{suffix}_ci90"] = pr["ci90"]
+        stats.update(time_split.ratios_to_grpo(mine, grpo))
         out[m] = stats
     return out
 
@@ -594,6 +597,8 @@ def goals(summary: dict, cfg: Config, predictor_round: dict | None, rows: list[d
     out = []
     d = summary.get("dots_rr", {})
     ratio, ci, detail = judged_time_ratio(d)
+    if d.get("update_time_ratio") is not None:  # what bounds it: the update's seconds alone (dots.time_split)
+        detail += f"; its update alone {d['update_time_ratio']:.2f} of grpo's time"
     out.append(goal("dots_rr time-to-target / grpo (median over seeds)", ratio, "<= 0.5, 90% CI upper < 0.8",
                     ratio is not None and ratio <= 0.5 and ci is not None and ci[1] < 0.8, detail))
     for peer in PEERS:
@@ -714,6 +719,7 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
                      f"{_f(s['step_s'], '.3f')} | {_f(s['s_per_group_trained'], '.4f')} | "
                      f"{_f(s['effective_ratio'], '.2f')} | {_f(s['staleness'], '.1f')} | "
                      f"{_f(s['dots_pearson'], '.2f')} | {s['reached_target']}/{len(s['seeds'])} |")
+    lines += time_split.render(summary, methods, lambda v: _f(v, ".2f"))
     peers = peer_arms(methods, {m: summary[m].get("variant_of") for m in methods})
     if peers:
         lines += _against(summary, methods, peers, "Against the peer baselines")

@@ -120,11 +120,15 @@ def write_run_files(run_dir: str | Path, cfg: "Config", result: RunResult) -> di
     return summary
 
 
+def step_records(run_dir: str | Path) -> list[dict]:
+    """Each step's record (`records.jsonl`) of a finished run folder, in step order."""
+    lines = (Path(run_dir) / "records.jsonl").read_text().splitlines()
+    return sorted((json.loads(x) for x in lines if x.strip()), key=lambda r: r["step"])
+
+
 def step_seconds(run_dir: str | Path) -> list[float]:
     """Each step's training seconds (`time/step_s`) of a finished run folder, in step order."""
-    lines = (Path(run_dir) / "records.jsonl").read_text().splitlines()
-    return [float(rec["time/step_s"]) for rec in sorted((json.loads(x) for x in lines if x.strip()),
-                                                         key=lambda r: r["step"])]
+    return [float(rec["time/step_s"]) for rec in step_records(run_dir)]
 
 
 def read_run(run_dir: str | Path) -> tuple[dict, list[dict]]:

@@ -429,7 +429,8 @@ def log_bench(cfg: Config, result: dict, artifacts: list[Path]) -> str:
         for key in ("time_to_target_s", "time_to_target_ratio", "time_to_target_adjusted_s",
                     "time_to_target_adjusted_ratio", "steps_to_target", "final_accuracy", "step_s",
                     "effective_ratio", "dots_pearson", "pearson_ceiling", "tokens_sampled_ratio",
-                    "tokens_trained_ratio", "rollouts_per_step", *paired):
+                    "tokens_trained_ratio", "rollouts_per_step", "rollout_time_ratio", "update_time_ratio",
+                    "select_time_ratio", *paired):
             value = stats.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value):
                 metrics.append(Metric(f"bench/{key}/{method}", float(value), now, 0))

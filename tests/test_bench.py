@@ -16,7 +16,7 @@ import shutil
 import numpy as np
 import pytest
 
-from dots import bench
+from dots import bench, time_split
 from dots.config import load_config, with_overrides
 
 from .conftest import REPO, SHARED_DATA, mlflow_runs, require_shared, tiny_overrides
@@ -151,6 +151,15 @@ def test_every_run_records_its_split_and_what_prefect_added(bench_run):
         assert row["other_s"] >= 0 and row["rollout_s"] > 0 and row["update_s"] > 0
         assert (row["select_s"] > 0) == (method in ("dots", "dots_rr")), row
         assert row["orchestration_s"] is not None and row["orchestration_s"] >= 0
+        if row["steps_to_target"] is not None:
+            # where its time to target went: the first steps' own timers, which with the rest of each
+            # step add up to the time to target the row reports (dots.time_split)
+            n = row["steps_to_target"]
+            assert row["update_to_target_s"] == pytest.approx(sum(r["time/update_s"] for r in records[:n]))
+            assert row["rollout_to_target_s"] == pytest.approx(sum(r["time/rollout_s"] for r in records[:n]))
+            assert sum(row[f"{p}_to_target_s"] for p in time_split.PARTS) == pytest.approx(row["time_to_target_s"])
+        else:
+            assert all(row[f"{p}_to_target_s"] is None for p in time_split.PARTS)
         # the run's own wall-clock holds its training steps (and its evaluations, loading, tracking)
         assert row["wall_s"] > sum(r["time/step_s"] for r in records) and row["tracking_s"] is not None
 
