@@ -61,7 +61,7 @@ from .runfiles import final_smoothed, step_seconds, target_eval
 
 RESULTS = Path("results/bench")
 SHARED_SECTIONS = ("task", "model", "warmup", "embed", "label", "predictor", "rollout", "selection.ref_size")
-SPLIT = ("rollout", "update", "select")
+SPLIT = time_split.PHASES  # the trainer's timed phases of a step
 BENCH_EXCLUDE = ("paths", "train.method", "train.methods", "train.seed", "train.threads", "tracking")
 
 
