@@ -12,6 +12,7 @@ they add up to the raw time to target.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -53,8 +54,10 @@ def ratios_to_grpo(mine: list[dict], grpo: list[dict]) -> dict:
     return out
 
 
-def render(summary: dict, methods: list[str], fmt=lambda v: "—" if v is None else f"{v:.2f}") -> list[str]:
-    """The table section; empty when no arm has a split (rows read back from older benches)."""
+def render(summary: dict, methods: list[str], fmt: Callable[[float | None], str]) -> list[str]:
+    """The table section, each ratio written by `fmt` (the bench table's own cell format, so a
+    never-reached ratio reads as it does there); empty when no arm has a split (rows read back
+    from older benches)."""
     if not any(summary[m].get("update_time_ratio") is not None for m in methods):
         return []
     title = ("Where the time to target goes: each part of the steps up to the target, in seconds over grpo's "
