@@ -218,6 +218,10 @@ class SelectionConfig(_Section):
     alpha: float = _range(0, 1, default=0.5, desc="target difficulty (0.5 maximises the GRPO gradient)")
     online_calibration: bool = Field(False, description="refit the predictor's calibration (T, b) each round "
                                                         "from the difficulties its selected questions showed")
+    oracle: int = _range(0, None, default=0, desc="diagnostic, not a method (dots/oracle.py): N > 0 replaces "
+                                                  "each round's predictions with the exact pass rates of N random "
+                                                  "pool questions under the current policy (exact_match reward at "
+                                                  "temperature 1), computed outside the training clock; 0: off")
     tau: float = _range(0, None, lo_open=True, default=0.1, desc="sampling temperature of "
                                                                  "P(q) ~ exp(-|d-alpha|/tau)")
 
@@ -471,6 +475,12 @@ class Config(_Section):
             raise ValueError(
                 f"selection.ref_size: ref_size + selection.every x train.batch_size "
                 f"({self.selection.ref_size} + {fresh_per_round}) must be <= task.pool_size ({pool})")
+        if self.selection.oracle:
+            if self.selection.oracle > pool:
+                raise ValueError(f"selection.oracle: must be <= task.pool_size ({pool}); got {self.selection.oracle}")
+            if self.reward.name != "exact_match" or self.rollout.temperature != 1.0:
+                raise ValueError("selection.oracle: exact pass rates need reward.name=exact_match and "
+                                 f"rollout.temperature=1.0; got {self.reward.name!r} at {self.rollout.temperature}")
         for step in self.warmup.checkpoints:
             if step <= 0 or step == self.warmup.steps:
                 raise ValueError(f"warmup.checkpoints: each must be > 0 and not warmup.steps={self.warmup.steps} "

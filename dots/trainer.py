@@ -50,6 +50,7 @@ from .evaluation import greedy_accuracy, pass_rates, task_io
 from .faults import fault_point
 from .update import trained_groups, update_on_groups  # noqa: F401  (re-exported)
 from .models import enable_activation_checkpointing, load_policy, resolve_device
+from .oracle import answer_ids, exact_pass_rates
 from .predictor import DifficultyPredictor
 from .predictor_training import pearson, pearson_ceiling
 from .progress import say
@@ -103,6 +104,7 @@ class Trainer:
         self.np_rng = np.random.default_rng(cfg.train.seed)
         self.gen = torch.Generator().manual_seed(cfg.train.seed)
         self.prompts = self.io.encode(self.tokenizer, pool)
+        self.answer_ids = answer_ids(self.tokenizer, pool) if cfg.selection.oracle else []
         self.buffer = ReplayBuffer(cfg.replay.capacity)
         self.greso = None
         if traits.filters == "greso":
@@ -200,9 +202,28 @@ class Trainer:
         self.round_pred = self.dist.decide(lambda: self.predictor.predict_projected(self.projections, refs,
                                                                                     observed))
         self.round_available = np.ones(len(self.pool), dtype=bool)
+        if s.oracle:
+            self._oracle_round(rec)
         self.round_available[refs] = False
         self.ref_queue = [g for g in ref_groups if g.informative]
         rec["dots/ref_difficulty_mean"] = float(observed.mean())
+
+    def _oracle_round(self, rec: dict) -> None:
+        """`selection.oracle` (a diagnostic): the round's d̂ of N random pool questions become their
+        exact difficulty under the current policy, the rest of the pool sits the round out. Its
+        forward pass is timed apart (`time/oracle_s`) and left out of the step's clock, so the
+        arm measures what a perfect predictor at the real one's cost would buy."""
+        t = time.perf_counter()
+        n = self.cfg.selection.oracle
+        cand = self.dist.decide(lambda: np.sort(self.np_rng.choice(len(self.pool), size=n, replace=False)))
+        rates = self.dist.decide(lambda: exact_pass_rates(
+            self.model, [self.prompts[i] for i in cand], [self.answer_ids[i] for i in cand],
+            int(self.tokenizer.eos_token_id), int(self.tokenizer.pad_token_id), self.cfg.rollout.max_new_tokens))
+        self.round_pred = self.round_pred.copy()
+        self.round_pred[cand] = 1.0 - rates
+        self.round_available[:] = False
+        self.round_available[cand] = True
+        rec["time/oracle_s"] = rec.get("time/oracle_s", 0.0) + time.perf_counter() - t
 
     def _filtered_groups(self, n: int, rec: dict, timers: dict) -> list[Group]:
         """The peer baselines' step: generation batches of uniformly drawn questions (a permutation of
@@ -269,7 +290,7 @@ class Trainer:
         idx = self.dist.decide(lambda: select_questions(self.round_pred, n - len(taken), s.alpha, s.tau,
                                                         self.np_rng, self.round_available))
         self.round_available[idx] = False
-        timers["select"] += time.perf_counter() - t
+        timers["select"] += time.perf_counter() - t - rec.get("time/oracle_s", 0.0)  # a diagnostic's, not DOTS's
         t = time.perf_counter()
         groups = self._rollout(idx)
         timers["rollout"] += time.perf_counter() - t
@@ -319,7 +340,7 @@ class Trainer:
         loss, stats = self._update(groups, replayed)
         timers["update"] = time.perf_counter() - t
         self.step += 1
-        step_s = time.perf_counter() - start
+        step_s = time.perf_counter() - start - rec.get("time/oracle_s", 0.0)  # selection.oracle: off the clock
         self.elapsed += step_s
         trained = trained_groups(groups, cfg.loss.beta, cfg.train.skip_degenerate)
         n_trained = sum(int(g.response_mask.sum()) for g in trained)
