@@ -12,8 +12,8 @@ import torch
 
 from dots import stages
 from dots.config import ConfigError, load_config
-from dots.evaluation import pass_rates, task_io
 from dots.engines import engine_for
+from dots.evaluation import pass_rates, task_io
 from dots.models import load_policy
 from dots.oracle import answer_ids, exact_pass_rates
 
