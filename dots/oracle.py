@@ -21,37 +21,32 @@ import numpy as np
 import torch
 
 from .data import Question
+from .loss import collate, token_logprobs
+from .rollout import Group
 
 
 @torch.inference_mode()
 def exact_pass_rates(model, prompts: list[list[int]], answers: list[list[int]], eos_id: int, pad_id: int,
                      max_new_tokens: int, batch_size: int = 2048) -> np.ndarray:
-    """P(answer then eos | prompt) at temperature 1 for each (prompt ids, answer ids) pair."""
+    """P(answer then eos | prompt) at temperature 1 for each (prompt ids, answer ids) pair: the
+    right response laid out as a one-sample group and scored by the update's own log-prob path
+    (`loss.collate`, `loss.token_logprobs`), so it is the sampler's distribution by construction."""
     device = next(model.parameters()).device
     was = model.training
     model.eval()
-    out = np.empty(len(prompts), dtype=np.float64)
+    out = []
     for start in range(0, len(prompts), batch_size):
-        rows = []
+        groups = []
         for p, a in zip(prompts[start:start + batch_size], answers[start:start + batch_size]):
-            target = list(a[:max_new_tokens]) + ([eos_id] if len(a) < max_new_tokens else [])
-            rows.append((list(p), target))
-        width = max(len(p) + len(t) for p, t in rows)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        attn = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, (p, t) in enumerate(rows):  # left-padded, as the rollout engine lays prompts out
-            seq = p + t
-            ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-            attn[i, width - len(seq):] = 1
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        logp = torch.log_softmax(model(input_ids=ids.to(device), attention_mask=attn.to(device),
-                                       position_ids=pos.to(device)).logits.float(), dim=-1).cpu()
-        for i, (p, t) in enumerate(rows):
-            first = width - len(t)  # the position of the first target token; its logits sit one before
-            picked = logp[i, first - 1:width - 1].gather(-1, torch.tensor(t)[:, None])
-            out[start + i] = float(picked.sum().exp())
+            target = torch.tensor([list(a[:max_new_tokens]) + ([eos_id] if len(a) < max_new_tokens else [])])
+            groups.append(Group(question_id=0, prompt_ids=torch.tensor(p, dtype=torch.long), response_ids=target,
+                                response_mask=torch.ones_like(target, dtype=torch.bool),
+                                logprobs=torch.zeros(target.shape), texts=[], rewards=torch.zeros(1)))
+        batch = collate(groups, pad_id).to(device)
+        logp = torch.where(batch.response_mask, token_logprobs(model, batch), 0.0)
+        out.append(logp.sum(-1).exp().double().cpu())
     model.train(was)
-    return out
+    return torch.cat(out).numpy() if out else np.empty(0, dtype=np.float64)
 
 
 def answer_ids(tokenizer, questions: list[Question]) -> list[list[int]]:
