@@ -361,6 +361,11 @@ class TrainConfig(_Section):
                                                     "gradient, so the step is the same at less cost. false: "
                                                     "forward every group, as a plain GRPO trainer does (the "
                                                     "cost the paper's baseline pays)")
+    downsample: int | None = _range(2, None, default=None,
+                                    desc="rollouts of each trained group the update forwards: the m of G whose "
+                                         "rewards vary most, advantages taken over those m (PODS max-variance "
+                                         "down-sampling, dots.downsample); null: all G. Off by default, benched "
+                                         "as a variant (docs/benchmark.md)")
     checkpoint_every: int = _range(1, None, default=50, desc="steps between resumable checkpoints")
     target_accuracy: float | None = _range(0, 1, default=None,
                                            desc="accuracy for time-to-target; `compare` uses grpo's final")
@@ -481,6 +486,9 @@ class Config(_Section):
             if self.reward.name != "exact_match" or self.rollout.temperature != 1.0:
                 raise ValueError("selection.oracle: exact pass rates need reward.name=exact_match and "
                                  f"rollout.temperature=1.0; got {self.reward.name!r} at {self.rollout.temperature}")
+        if self.train.downsample is not None and self.train.downsample > self.rollout.group_size:
+            raise ValueError(f"train.downsample: must be <= rollout.group_size ({self.rollout.group_size}); "
+                             f"got {self.train.downsample}")
         for step in self.warmup.checkpoints:
             if step <= 0 or step == self.warmup.steps:
                 raise ValueError(f"warmup.checkpoints: each must be > 0 and not warmup.steps={self.warmup.steps} "

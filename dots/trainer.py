@@ -48,7 +48,7 @@ from .distributed import SINGLE, Dist, rank_generator, setup
 from .embeddings import backbone_identity
 from .evaluation import greedy_accuracy, pass_rates, task_io
 from .faults import fault_point
-from .update import trained_groups, update_on_groups  # noqa: F401  (re-exported)
+from .update import forwarded_groups, trained_groups, update_on_groups  # noqa: F401  (re-exported)
 from .models import enable_activation_checkpointing, load_policy, resolve_device
 from .oracle import answer_ids, exact_pass_rates
 from .predictor import DifficultyPredictor
@@ -341,7 +341,7 @@ class Trainer:
         self.step += 1
         step_s = time.perf_counter() - start - rec.get("time/oracle_s", 0.0)  # selection.oracle: off the clock
         self.elapsed += step_s
-        trained = trained_groups(groups, cfg.loss.beta, cfg.train.skip_degenerate)
+        trained = forwarded_groups(groups, cfg)  # train.downsample: only the rollouts the update forwards
         n_trained = sum(int(g.response_mask.sum()) for g in trained)
         self.totals["tokens_sampled"] += self._sampled
         self.totals["tokens_trained"] += n_trained

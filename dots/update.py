@@ -17,6 +17,7 @@ import torch
 
 from .config import Config
 from .distributed import SINGLE, Dist, fsdp_sharded
+from .downsample import downsample_groups
 from .faults import fault_point
 from .loss import Batch, collate, grpo_loss, token_logprobs
 from .microbatch import Rows, collate_rows, pack
@@ -29,6 +30,12 @@ def trained_groups(groups: list[Group], beta: float, skip_degenerate: bool = Tru
     `skip_degenerate` off (`train.skip_degenerate`), all of them: the same gradient at the cost
     a plain GRPO trainer pays, which is the baseline the paper's savings are measured against."""
     return groups if beta > 0 or not skip_degenerate else [g for g in groups if g.informative]
+
+
+def forwarded_groups(groups: list[Group], cfg: Config) -> list[Group]:
+    """What the update forwards: the trained groups (`trained_groups`), each cut to its
+    `train.downsample` max-variance rollouts when that is set (`dots.downsample`), in order."""
+    return downsample_groups(trained_groups(groups, cfg.loss.beta, cfg.train.skip_degenerate), cfg.train.downsample)
 
 
 def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups: list[Group], cfg: Config,
@@ -47,13 +54,16 @@ def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups:
     each backward, so there is no all-reduce; and since each of its forwards and backwards is a
     collective, every rank runs as many (micro-)batches as the rank with the most: the others
     (an empty share included) add passes on one row whose loss is multiplied by 0.0."""
-    used = trained_groups(groups, cfg.loss.beta, cfg.train.skip_degenerate)
+    trained = trained_groups(groups, cfg.loss.beta, cfg.train.skip_degenerate)
+    used = downsample_groups(trained, cfg.train.downsample)  # = forwarded_groups(groups, cfg)
     if not used:
         return 0.0, {}
     mine = used[dist.shard(len(used))]
     opt.zero_grad(set_to_none=True)
     loss_value, ratio_sum, ratio_n, ratio_max = 0.0, 0.0, 0, float("-inf")
-    replayed_ids = {id(g) for g in replayed}
+    # a down-sampled group is a new object: its replay flag follows it from the group it was cut from
+    was_replayed = {id(g) for g in replayed}
+    replayed_ids = {id(u) for g, u in zip(trained, used) if id(g) in was_replayed}
     device = next(model.parameters()).device
     budget = cfg.train.micro_batch_tokens
 
