@@ -44,6 +44,11 @@ TRAITS = {"grpo": MethodTraits(False, False, None), "dots": MethodTraits(True, F
 # both its parents, greso and dots_rr (3e-4 not benched).
 LR_BY_METHOD = {"grpo": 3e-4, "dots": 3e-4, "rr": 3e-4, "dots_rr": 6e-4, "dapo": 6e-4, "greso": 6e-4,
                 "greso_rr": 6e-4}
+# Each method's PODS down-sampling on the embedded task (train.downsample_by_method; a method not named
+# trains on all G): dots_rr keeps 4 of 8, 0.87-0.89x its time without it in two five-seed benches, beyond
+# the interval (docs/benchmark.md, "Max-variance down-sampling"); grpo with 4 of 8 never reached its
+# own end point, and the other methods were not measured.
+DOWNSAMPLE_BY_METHOD = {"dots_rr": 4}
 
 
 class ConfigError(ValueError):
@@ -362,10 +367,17 @@ class TrainConfig(_Section):
                                                     "forward every group, as a plain GRPO trainer does (the "
                                                     "cost the paper's baseline pays)")
     downsample: int | None = _range(2, None, default=None,
-                                    desc="rollouts of each trained group the update forwards: the m of G whose "
-                                         "rewards vary most, advantages taken over those m (PODS max-variance "
-                                         "down-sampling, dots.downsample); null: all G. Off by default, benched "
-                                         "as a variant (docs/benchmark.md)")
+                                    desc="rollouts of each trained group the update forwards, for every method: "
+                                         "the m of G whose rewards vary most, advantages taken over those m (PODS "
+                                         "max-variance down-sampling, dots.downsample); null: each method's own m "
+                                         "from train.downsample_by_method (a number here, e.g. -S "
+                                         "train.downsample=8 for all G, overrides them all)")
+    downsample_by_method: dict[Method, int | None] = Field(
+        default_factory=lambda: dict(DOWNSAMPLE_BY_METHOD),
+        description="each method's train.downsample when that is null (a method not named, null, or an m of "
+                    "at least rollout.group_size: all G): dots_rr keeps 4 of 8, which beat all 8 beyond the interval in two five-seed "
+                    "benches (docs/benchmark.md); grpo with 4 of 8 never reached its target; the others were not "
+                    "measured")
     checkpoint_every: int = _range(1, None, default=50, desc="steps between resumable checkpoints")
     target_accuracy: float | None = _range(0, 1, default=None,
                                            desc="accuracy for time-to-target; `compare` uses grpo's final")
@@ -401,16 +413,33 @@ class TrainConfig(_Section):
         """`-S train.lr_by_method.greso=0.0003` changes greso's rate and leaves the others'."""
         return {**LR_BY_METHOD, **value} if isinstance(value, dict) else value
 
+    @field_validator("downsample_by_method", mode="before")
+    @classmethod
+    def _unnamed_methods_keep_their_downsample(cls, value: Any) -> Any:
+        """`-S train.downsample_by_method.rr=4` down-samples rr too and leaves dots_rr's 4."""
+        return {**DOWNSAMPLE_BY_METHOD, **value} if isinstance(value, dict) else value
+
     @model_validator(mode="after")
     def _rates_in_range(self) -> "TrainConfig":
         bad = {m: r for m, r in self.lr_by_method.items() if not 0 < r < 1}
         if bad:
             raise ValueError(f"train.lr_by_method: rates must be in (0, 1); got {bad}")
+        bad = {m: k for m, k in self.downsample_by_method.items() if k is not None and k < 2}
+        if bad:
+            raise ValueError(f"train.downsample_by_method: each must be null or at least 2 (one rollout has no "
+                             f"advantage); got {bad}")
         return self
 
     def rate_for(self, method: str) -> float:
         """The AdamW learning rate `method` trains with: train.lr when set, else its own."""
         return self.lr if self.lr is not None else self.lr_by_method[method]
+
+    def downsample_for(self, method: str | None) -> int | None:
+        """The m of G rollouts `method`'s update trains on (None: all G): train.downsample when
+        set, else the method's own; with no method, train.downsample alone."""
+        if self.downsample is not None or method is None:
+            return self.downsample
+        return self.downsample_by_method.get(method)
 
 
 class BenchConfig(_Section):
@@ -528,12 +557,14 @@ class Config(_Section):
 
     def fingerprint(self, exclude: tuple[str, ...] = ("paths",), method: str | None = None) -> str:
         """Hash of the config less the `exclude`d dotted keys or sections: what a result depends on.
-        With `method`, the learning rate is the one that method trains with, and the other methods'
-        rates are left out (changing greso's rate does not change a dots_rr run)."""
+        With `method`, the learning rate and the down-sampling are the ones that method trains with,
+        and the other methods' are left out (changing greso's rate does not change a dots_rr run)."""
         flat = {k: v for k, v in self.flat().items() if not any(k == e or k.startswith(e + ".") for e in exclude)}
         if method is not None:
-            flat = {k: v for k, v in flat.items() if not k.startswith("train.lr_by_method.")}
+            flat = {k: v for k, v in flat.items()
+                    if not k.startswith(("train.lr_by_method.", "train.downsample_by_method."))}
             flat["train.lr"] = self.train.rate_for(method)
+            flat["train.downsample"] = self.train.downsample_for(method)
         return hashlib.sha256(yaml.safe_dump(flat, sort_keys=True).encode()).hexdigest()[:16]
 
     def flat(self) -> dict[str, Any]:

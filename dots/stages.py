@@ -394,7 +394,8 @@ def _open_run(cfg: Config, method: str, resume: bool, run_dir: Path | None, chec
 
         logger = LiveLogger(Tracker(cfg), name or method, cfg.tracking.log_every,
                             fallback=run_dir / "mlflow_fallback.jsonl", seed=seed_tag,
-                            params={"train.lr_used": cfg.train.rate_for(method)})  # train.lr may be null
+                            params={"train.lr_used": cfg.train.rate_for(method),  # train.lr may be null
+                                    "train.downsample_used": cfg.train.downsample_for(method)})
 
     def on_step(rec: dict) -> None:
         if bar is not None:

@@ -308,7 +308,7 @@ class Trainer:
         if hasattr(self.engine, "release"):
             self.engine.release()  # a colocated vLLM frees its GPU memory for the update
         out = update_on_groups(self.model, self.opt, groups, self.cfg, self.tokenizer.pad_token_id,
-                               ref_model=self.ref_model, replayed=replayed, dist=self.dist)
+                               ref_model=self.ref_model, replayed=replayed, dist=self.dist, method=self.method)
         self.engine.sync_weights(self.model)  # the next rollout samples from the updated policy
         return out
 
@@ -341,7 +341,7 @@ class Trainer:
         self.step += 1
         step_s = time.perf_counter() - start - rec.get("time/oracle_s", 0.0)  # selection.oracle: off the clock
         self.elapsed += step_s
-        trained = forwarded_groups(groups, cfg)  # train.downsample: only the rollouts the update forwards
+        trained = forwarded_groups(groups, cfg, self.method)  # train.downsample: only the rollouts the update forwards
         n_trained = sum(int(g.response_mask.sum()) for g in trained)
         self.totals["tokens_sampled"] += self._sampled
         self.totals["tokens_trained"] += n_trained

@@ -32,17 +32,20 @@ def trained_groups(groups: list[Group], beta: float, skip_degenerate: bool = Tru
     return groups if beta > 0 or not skip_degenerate else [g for g in groups if g.informative]
 
 
-def forwarded_groups(groups: list[Group], cfg: Config) -> list[Group]:
+def forwarded_groups(groups: list[Group], cfg: Config, method: str | None = None) -> list[Group]:
     """What the update forwards: the trained groups (`trained_groups`), each cut to its
-    `train.downsample` max-variance rollouts when that is set (`dots.downsample`), in order."""
-    return downsample_groups(trained_groups(groups, cfg.loss.beta, cfg.train.skip_degenerate), cfg.train.downsample)
+    max-variance rollouts when `method` down-samples (`train.downsample_for`, `dots.downsample`;
+    no method: `train.downsample` alone), in order."""
+    trained = trained_groups(groups, cfg.loss.beta, cfg.train.skip_degenerate)
+    return downsample_groups(trained, cfg.train.downsample_for(method))
 
 
 def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups: list[Group], cfg: Config,
                      pad_id: int, *, ref_model: torch.nn.Module | None = None, replayed: list[Group] = (),
-                     dist: Dist = SINGLE) -> tuple[float, dict]:
+                     dist: Dist = SINGLE, method: str | None = None) -> tuple[float, dict]:
     """One optimizer step on a step's groups: the loss is −J averaged over *all* `groups`
-    (degenerate ones add nothing with β = 0, so only the informative ones are forwarded).
+    (degenerate ones add nothing with β = 0, so only the informative ones are forwarded),
+    each cut to `method`'s down-sampled rollouts (`forwarded_groups`).
 
     Under torch.distributed each rank forwards a contiguous shard of the used groups, scaled
     by shard/len(groups), so the ranks' losses — and their gradients, summed by all-reduce
@@ -55,7 +58,7 @@ def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups:
     collective, every rank runs as many (micro-)batches as the rank with the most: the others
     (an empty share included) add passes on one row whose loss is multiplied by 0.0."""
     trained = trained_groups(groups, cfg.loss.beta, cfg.train.skip_degenerate)
-    used = downsample_groups(trained, cfg.train.downsample)  # = forwarded_groups(groups, cfg)
+    used = downsample_groups(trained, cfg.train.downsample_for(method))  # = forwarded_groups(groups, cfg, method)
     if not used:
         return 0.0, {}
     mine = used[dist.shard(len(used))]

@@ -1,7 +1,8 @@
 """Max-variance down-sampling (`train.downsample`, dots.downsample): the subset it keeps has the
 largest reward variance of any subset of that size (checked against every subset), its rows
 stay together, and the update with it set is the update on the down-sampled groups, replay
-ratios included, for one batch and for micro-batches."""
+ratios included, for one batch and for micro-batches. Each method has its own m
+(`train.downsample_by_method`: dots_rr 4 of 8, the others all G), which `train.downsample` overrides."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import itertools
 import pytest
 import torch
 
-from dots.config import load_config
+from dots.config import Config, load_config
 from dots.downsample import downsample_group, downsample_groups, max_variance_rows
 from dots.update import forwarded_groups
 from tests.test_microbatch import gpt2, make_groups, run_update
@@ -80,6 +81,59 @@ def test_config_refuses_a_subset_larger_than_the_group_or_too_small_to_vary():
     assert load_config(None, ["train.downsample=8"]).train.downsample == 8
 
 
+def test_each_method_down_samples_by_its_own_m_unless_train_downsample_sets_every_one():
+    cfg = Config()
+    assert cfg.train.downsample is None
+    assert {m: cfg.train.downsample_for(m) for m in ("grpo", "dots", "rr", "dots_rr", "dapo", "greso")} == \
+        {"grpo": None, "dots": None, "rr": None, "dots_rr": 4, "dapo": None, "greso": None}
+    every = load_config(None, ["train.downsample=8"]).train  # all G for every method, dots_rr included
+    assert {every.downsample_for(m) for m in ("grpo", "dots_rr")} == {8}
+    off = load_config(None, ["train.downsample_by_method.dots_rr=null"]).train
+    assert off.downsample_for("dots_rr") is None
+    more = load_config(None, ["train.downsample_by_method.rr=3"]).train  # a method not named keeps its m
+    assert (more.downsample_for("rr"), more.downsample_for("dots_rr")) == (3, 4)
+    with pytest.raises(ValueError, match="train.downsample_by_method: each must be null or at least 2"):
+        load_config(None, ["train.downsample_by_method.dots_rr=1"])
+    with pytest.raises(ValueError, match="train.downsample_by_method.ppo"):
+        load_config(None, ["train.downsample_by_method.ppo=4"])
+    # an m of at least G trains on all G: a small group_size does not trip on a default it never set
+    assert load_config(None, ["rollout.group_size=2"]).train.downsample_for("dots_rr") == 4
+
+
+def test_a_runs_fingerprint_holds_its_own_m_not_the_other_methods():
+    """Changing dots_rr's m leaves a grpo run's key (and its checkpoints, its bench runs) valid."""
+    base, other = Config(), load_config(None, ["train.downsample_by_method.dots_rr=2"])
+    assert base.fingerprint(method="grpo") == other.fingerprint(method="grpo")
+    assert base.fingerprint(method="dots_rr") != other.fingerprint(method="dots_rr")
+    # the same m reached by the override or by the method's own entry is the same run
+    assert base.fingerprint(method="dots_rr") == load_config(None, ["train.downsample=4"]).fingerprint(method="dots_rr")
+
+
+def test_the_update_cuts_groups_by_the_methods_own_m():
+    model = gpt2()
+    groups = make_groups(model.config.vocab_size, g=8)
+    for g in groups:
+        g.rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0]) if g.question_id != 2 else torch.ones(8)
+    cfg = Config()
+    assert [g.size for g in forwarded_groups(groups, cfg, "dots_rr")] == [4, 4, 4, 4]
+    assert [g.size for g in forwarded_groups(groups, cfg, "grpo")] == [8, 8, 8, 8]
+    replayed = [groups[0]]
+    loss = run_update_for(model, groups, replayed, "dots_rr")
+    cut = [downsample_group(g, 4) for g in groups]
+    assert loss == pytest.approx(run_update_for(model, cut, [cut[0]], None), rel=1e-12, abs=1e-14)
+    assert run_update_for(model, groups, replayed, "grpo") == pytest.approx(
+        run_update_for(model, groups, replayed, None), rel=1e-12, abs=1e-14)
+
+
+def run_update_for(model, groups, replayed, method):
+    """The update's loss as `method` trains it at the shipped defaults (float64, one batch)."""
+    from dots.update import update_on_groups
+    from tests.test_microbatch import PAD, GradientRecorder
+
+    opt = GradientRecorder(model.parameters())
+    return update_on_groups(model, opt, groups, Config(), PAD, replayed=replayed, method=method)[0]
+
+
 def test_a_run_counts_the_tokens_it_trains_not_the_ones_it_sampled(tiny_pipeline, pipeline_data, tmp_path):
     """With train.downsample the step samples G rollouts a question and trains on m: tokens/trained
     is the kept rows' tokens, the sampled count and the groups trained stay the full run's."""
@@ -95,3 +149,29 @@ def test_a_run_counts_the_tokens_it_trains_not_the_ones_it_sampled(tiny_pipeline
     kept = [downsample_group(g, 2) for g in seen[0] if g.informative]
     assert b["tokens/trained"] == sum(int(g.response_mask.sum()) for g in kept) < a["tokens/trained"]
     assert cfg.rollout.group_size > 2
+
+
+def test_a_dots_rr_run_trains_four_of_its_eight_rollouts_by_default(tiny_pipeline, pipeline_data, tmp_path,
+                                                                   monkeypatch):
+    """The shipped default reaches the trainer: a dots_rr step's update is told its method, and
+    tokens/trained counts the 4 kept rows of each informative group, not all 8."""
+    import dots.trainer as trainer_module
+    from tests.test_trainer import _trainer
+
+    calls = []
+    real = trainer_module.update_on_groups
+
+    def spy(*args, **kwargs):
+        calls.append((args[2], kwargs.get("method")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "update_on_groups", spy)
+    extra = ("train.steps=1", "eval.every=1", "train.checkpoint_every=1", "eval.probe_size=0")
+    cfg, trainer = _trainer(tiny_pipeline, pipeline_data, "dots_rr", tmp_path / "dots_rr", *extra)
+    rec = trainer.train_step()
+    (groups, method), = calls
+    informative = [g for g in groups if g.informative]
+    assert method == "dots_rr" and cfg.rollout.group_size == 8 and informative
+    kept = sum(int(downsample_group(g, 4).response_mask.sum()) for g in informative)
+    assert rec["tokens/trained"] == kept < sum(int(g.response_mask.sum()) for g in informative)
+    assert rec["train/groups_trained"] == len(informative)

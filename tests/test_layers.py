@@ -36,3 +36,5 @@ def test_config_defaults_are_the_shipped_params():
     shipped_train = yaml.safe_load((ROOT / "params.yaml").read_text())["train"]
     assert shipped_train["lr"] == Config().train.lr
     assert shipped_train["lr_by_method"] == Config().train.lr_by_method
+    assert shipped_train["downsample"] == Config().train.downsample
+    assert shipped_train["downsample_by_method"] == Config().train.downsample_by_method

@@ -29,7 +29,8 @@ NOT_RESULTS = {"paths", "tracking"}
 # Set by the stage's command line (`dots train --method ${item}`), not read from params.yaml.
 FROM_COMMAND = {"train.method"}
 # Config methods, by the params they read.
-DERIVED = {"train.rate_for": {"train.lr", "train.lr_by_method"}}
+DERIVED = {"train.rate_for": {"train.lr", "train.lr_by_method"},
+           "train.downsample_for": {"train.downsample", "train.downsample_by_method"}}
 
 
 def _dvc_stages() -> dict:
