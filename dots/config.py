@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 BENCH_METHODS = ("grpo", "dots", "rr", "dots_rr", "dapo", "greso")  # what `make bench` trains
 # greso_rr: GRESO's filtered fresh groups with Rollout Replay's buffer (beyond both papers; benched on demand)
@@ -375,9 +375,9 @@ class TrainConfig(_Section):
     downsample_by_method: dict[Method, int | None] = Field(
         default_factory=lambda: dict(DOWNSAMPLE_BY_METHOD),
         description="each method's train.downsample when that is null (a method not named, null, or an m of "
-                    "at least rollout.group_size: all G): dots_rr keeps 4 of 8, which beat all 8 beyond the interval in two five-seed "
-                    "benches (docs/benchmark.md); grpo with 4 of 8 never reached its target; the others were not "
-                    "measured")
+                    "at least rollout.group_size: all G): dots_rr keeps 4 of 8, which beat all 8 beyond the "
+                    "interval in two five-seed benches (docs/benchmark.md); grpo with 4 of 8 never reached its "
+                    "target; the others were not measured")
     checkpoint_every: int = _range(1, None, default=50, desc="steps between resumable checkpoints")
     target_accuracy: float | None = _range(0, 1, default=None,
                                            desc="accuracy for time-to-target; `compare` uses grpo's final")
@@ -407,17 +407,13 @@ class TrainConfig(_Section):
                                           "the whole policy on each rank; no effect in a single process")
 
 
-    @field_validator("lr_by_method", mode="before")
+    @field_validator("lr_by_method", "downsample_by_method", mode="before")
     @classmethod
-    def _unnamed_methods_keep_their_rate(cls, value: Any) -> Any:
-        """`-S train.lr_by_method.greso=0.0003` changes greso's rate and leaves the others'."""
-        return {**LR_BY_METHOD, **value} if isinstance(value, dict) else value
-
-    @field_validator("downsample_by_method", mode="before")
-    @classmethod
-    def _unnamed_methods_keep_their_downsample(cls, value: Any) -> Any:
-        """`-S train.downsample_by_method.rr=4` down-samples rr too and leaves dots_rr's 4."""
-        return {**DOWNSAMPLE_BY_METHOD, **value} if isinstance(value, dict) else value
+    def _unnamed_methods_keep_their_value(cls, value: Any, info: ValidationInfo) -> Any:
+        """`-S train.lr_by_method.greso=0.0003` changes greso's rate and leaves the others';
+        `-S train.downsample_by_method.rr=4` down-samples rr too and leaves dots_rr's 4."""
+        shipped = {"lr_by_method": LR_BY_METHOD, "downsample_by_method": DOWNSAMPLE_BY_METHOD}[info.field_name]
+        return {**shipped, **value} if isinstance(value, dict) else value
 
     @model_validator(mode="after")
     def _rates_in_range(self) -> "TrainConfig":
