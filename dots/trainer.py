@@ -49,7 +49,7 @@ from .embeddings import backbone_identity
 from .evaluation import greedy_accuracy, pass_rates, task_io
 from .faults import fault_point
 from .update import forwarded_groups, trained_groups, update_on_groups  # noqa: F401  (re-exported)
-from .models import enable_activation_checkpointing, load_policy, resolve_device
+from .models import enable_activation_checkpointing, load_policy, resolve_device, set_training
 from .oracle import answer_ids, exact_pass_rates
 from .predictor import DifficultyPredictor
 from .predictor_training import pearson, pearson_ceiling
@@ -174,11 +174,11 @@ class Trainer:
         groups: list[Group] = []
         with self._generating():
             if len(mine):
-                self.model.eval()
+                set_training(self.model, False)
                 prompts = [self.prompts[i] for i in mine]
                 groups = self.engine.generate(prompts, r.group_size, temperature=r.temperature,
                                               max_new_tokens=r.max_new_tokens, generator=gen)
-                self.model.train()
+                set_training(self.model, True)
         if len(mine):
             fault_point("rollout")  # the reliability suite kills runs here (between generate and score)
             self.io.score(groups, [self.pool[i] for i in mine])
@@ -386,7 +386,7 @@ class Trainer:
         """Held-out accuracy (eval.metric) with its standard error over questions, and the pool
         frontier of a fixed probe set; runs outside the training clock."""
         ev = self.cfg.eval
-        self.model.eval()
+        set_training(self.model, False)
         if ev.metric == "sampled":
             per_question = self._rates(self.eval_set, ev.samples, ev.seed)
         else:
@@ -407,7 +407,7 @@ class Trainer:
                     np.ones(len(self.probe), dtype=bool)  # (the round's references are its labels: left out)
                 if out.sum() >= 2:
                     e["probe_pearson"] = pearson(self.round_pred[self.probe[out]], 1.0 - probe[out])
-        self.model.train()
+        set_training(self.model, True)
         self.evals.append(e)
         return e
 

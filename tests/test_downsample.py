@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dots.config import Config, load_config
-from dots.downsample import downsample_group, downsample_groups, max_variance_rows
+from dots.downsample import downsample_group, downsample_groups, max_variance_rows, max_variance_rows_batch
 from dots.update import forwarded_groups
 from tests.test_microbatch import gpt2, make_groups, run_update
 
@@ -27,6 +27,39 @@ def test_the_kept_rows_have_the_largest_variance_of_any_subset(seed):
         assert keep.tolist() == sorted(set(keep.tolist())) and len(keep) == m
         best = max(float(rewards[list(c)].double().var(unbiased=False)) for c in itertools.combinations(range(8), m))
         assert float(rewards[keep].double().var(unbiased=False)) == pytest.approx(best, abs=1e-12), (rewards, m)
+
+
+@pytest.mark.parametrize("kind", ["binary", "graded", "real"])
+def test_a_batch_of_groups_keeps_the_rows_each_group_keeps_alone(kind):
+    """The batched rule (one call a step) picks, group by group, the rows of the max-variance subset,
+    ties broken as the one-group rule breaks them (the first split tried): checked against every subset."""
+    gen = torch.Generator().manual_seed(7)
+    draw = {"binary": lambda: (torch.rand(50, 8, generator=gen) < 0.4).float(),
+            "graded": lambda: torch.randint(0, 3, (50, 8), generator=gen).float() / 2,
+            "real": lambda: torch.rand(50, 8, generator=gen)}[kind]
+    rewards = draw()
+    for m in range(2, 9):
+        keeps = max_variance_rows_batch(rewards, m)
+        assert keeps.shape == (50, min(m, 8))
+        for r, keep in zip(rewards, keeps):
+            assert keep.tolist() == max_variance_rows(r, m).tolist() == sorted(set(keep.tolist()))
+            first_best = max(itertools.combinations(range(8), min(m, 8)),
+                             key=lambda c: round(float(r[list(c)].double().var(unbiased=False)), 12))
+            assert float(r[keep].double().var(unbiased=False)) == pytest.approx(
+                float(r[list(first_best)].double().var(unbiased=False)), abs=1e-12)
+
+
+def test_groups_of_mixed_sizes_are_cut_as_one_at_a_time():
+    groups = make_groups(50, n_groups=5, g=4) + make_groups(50, n_groups=2, g=2) + make_groups(50, n_groups=2, g=6)
+    gen = torch.Generator().manual_seed(3)
+    for g in groups:
+        g.rewards = (torch.rand(g.size, generator=gen) < 0.5).float()
+    for pick in (groups[:5], groups[:7], groups):  # one size; one size cut and one left whole; three sizes
+        cut, alone = downsample_groups(pick, 3), [downsample_group(g, 3) for g in pick]
+        for a, b, g in zip(cut, alone, pick):
+            assert (a is g) == (b is g) == (g.size <= 3)
+            assert a.texts == b.texts and all(torch.equal(getattr(a, k), getattr(b, k)) for k in
+                                              ("response_ids", "response_mask", "logprobs", "rewards"))
 
 
 def test_binary_groups_keep_right_and_wrong_as_evenly_as_they_can():

@@ -6,7 +6,7 @@ import torch
 
 from dots.config import ModelConfig
 from dots.fast_decode import GPT2Decoder, supports
-from dots.models import build_model, build_tokenizer
+from dots.models import build_model, build_tokenizer, set_training
 from dots.loss import collate, grpo_loss, token_logprobs
 from dots.rollout import HFEngine, _TransformersDecoder
 
@@ -126,3 +126,16 @@ def test_activation_checkpointing_under_both_transformers_names():
     assert not activation_checkpointing_on(old)
     enable_activation_checkpointing(old)
     assert activation_checkpointing_on(old) and old.kwargs == {"use_reentrant": False}
+
+
+def test_a_rollout_switches_modes_without_transformers_re_kernelizing(monkeypatch):
+    """`set_training` flips every module's flag (dropout and the like follow it) and leaves
+    transformers' `train()`, which re-kernelizes the model on every switch, uncalled."""
+    tok = build_tokenizer()
+    model = build_model(ModelConfig(n_layer=1, n_embd=32, n_head=2, n_positions=32), tok, seed=0)
+    calls = []
+    monkeypatch.setattr(type(model), "train", lambda self, mode=True: calls.append(mode))
+    for mode in (False, True, False):
+        set_training(model, mode)
+        assert all(m.training is mode for m in model.modules())
+    assert calls == []

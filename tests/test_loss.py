@@ -9,7 +9,7 @@ import torch
 from dots.config import ModelConfig
 from dots.loss import collate, group_advantages, grpo_loss, token_logprobs
 from dots.models import build_model, build_tokenizer
-from dots.rollout import HFEngine
+from dots.rollout import Group, HFEngine
 
 PROMPTS = ["1+2=", "123+45=", "9+9+9=", "70+8="]
 TEMPERATURE = 0.8
@@ -162,6 +162,49 @@ def test_group_advantages_group_scaling():
     assert not torch.allclose(adv[1], centred[1])
     with pytest.raises(ValueError, match="scale_rewards"):
         group_advantages(rewards, "batch")
+
+
+def _collate_row_by_row(groups, pad_id, scale_rewards):
+    """The batch laid out one row at a time: what `collate` builds with whole-batch operations."""
+    width = max(len(g.prompt_ids) for g in groups)
+    length = max(g.response_ids.shape[1] for g in groups)
+    rows = []
+    for g in groups:
+        adv = group_advantages(g.rewards[None, :], scale_rewards)[0]
+        for i in range(g.size):
+            p, w = g.prompt_ids.tolist(), g.response_ids.shape[1]
+            fill = length - w
+            rows.append(([pad_id] * (width - len(p)) + p + g.response_ids[i].tolist() + [pad_id] * fill,
+                         [0] * (width - len(p)) + [1] * len(p) + g.response_mask[i].long().tolist() + [0] * fill,
+                         g.logprobs[i].tolist() + [0.0] * fill, float(adv[i])))
+    return rows
+
+
+@pytest.mark.parametrize("sizes", [(4, 4, 4), (3, 1, 4, 2)], ids=["one-size", "mixed-sizes"])
+@pytest.mark.parametrize("scale", ["none", "group"])
+def test_collate_lays_out_every_row_as_a_row_by_row_copy_would(tiny, sizes, scale):
+    _, tok = tiny
+    gen = torch.Generator().manual_seed(5)
+    groups = []
+    for j, n in enumerate(sizes):  # prompts and answers of different lengths
+        p, w = len(PROMPTS[j]) + 1, 2 + 3 * j % 5
+        mask = torch.rand(n, w, generator=gen) < 0.8
+        mask[:, 0] = True
+        groups.append(Group(question_id=j, prompt_ids=torch.randint(3, 15, (p,), generator=gen),
+                            response_ids=torch.randint(3, 15, (n, w), generator=gen), response_mask=mask,
+                            logprobs=-torch.rand(n, w, generator=gen) * mask, texts=[""] * n,
+                            rewards=torch.tensor([1.0, 0.0, 1.0, 1.0][:n])))
+    batch = collate(groups, tok.pad_token_id, scale)
+    want = _collate_row_by_row(groups, tok.pad_token_id, scale)
+    width = batch.prompt_width
+    assert batch.input_ids.shape[0] == len(want) == sum(sizes)
+    for i, (ids, attn, old, adv) in enumerate(want):
+        assert batch.input_ids[i].tolist() == ids and batch.attention_mask[i].tolist() == attn
+        assert batch.response_ids[i].tolist() == ids[width:]
+        assert batch.response_mask[i].long().tolist() == attn[width:]
+        assert batch.old_logprobs[i].tolist() == old
+        assert float(batch.advantages[i]) == pytest.approx(adv, abs=1e-6, nan_ok=True)
+    assert torch.equal(batch.position_ids, (batch.attention_mask.cumsum(-1) - 1).clamp(min=0))
 
 
 def test_collate_uses_scaling(tiny):
