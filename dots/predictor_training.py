@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy import stats
 from torch.nn import functional as F
 
 from .config import PredictorConfig
@@ -87,11 +86,15 @@ def _mean_defined(values: list[float]) -> float:
 
 
 def pearson(a: np.ndarray, b: np.ndarray) -> float:
-    """Pearson r, NaN when either side is constant (no signal to correlate)."""
+    """Pearson r, NaN when either side is constant (no signal to correlate).
+
+    numpy's `corrcoef` rather than `scipy.stats.pearsonr` (the same r to ~1e-16): the trainer
+    logs `dots/pearson` inside every DOTS step's clock, and pearsonr's checks cost 0.6 ms of it, a
+    hundredth of a `dots_rr` step; no p-value is used."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if len(a) < 2 or a.std() == 0 or b.std() == 0:
         return float("nan")
-    return float(stats.pearsonr(a, b).statistic)
+    return float(np.clip(np.corrcoef(a, b)[0, 1], -1.0, 1.0))
 
 
 def pearson_ceiling(rewards: list[np.ndarray]) -> float:
@@ -107,9 +110,14 @@ def pearson_ceiling(rewards: list[np.ndarray]) -> float:
     rows = [np.asarray(r, dtype=np.float64) for r in rewards]
     if len(rows) < 2 or any(len(r) < 2 for r in rows):
         return float("nan")
-    observed = np.array([r.mean() for r in rows])
+    if len({len(r) for r in rows}) == 1:  # G samples each (every step's groups): one array operation
+        table = np.stack(rows)
+        observed, noise_each = table.mean(axis=1), table.var(axis=1, ddof=1) / table.shape[1]
+    else:
+        observed = np.array([r.mean() for r in rows])
+        noise_each = np.array([r.var(ddof=1) / len(r) for r in rows])
     total = observed.var(ddof=1)
     if total == 0:
         return float("nan")
-    noise = float(np.mean([r.var(ddof=1) / len(r) for r in rows]))
+    noise = float(noise_each.mean())
     return float(np.sqrt(max(0.0, 1.0 - noise / total)))

@@ -173,6 +173,17 @@ def test_pearson_helper():
     assert np.isnan(pearson(np.array([1.0]), np.array([0.0])))
 
 
+def test_pearson_is_scipys_r():
+    """numpy's corrcoef (cheap enough for every step's clock) gives scipy's Pearson r."""
+    from scipy import stats  # noqa: PLC0415
+
+    rng = np.random.default_rng(1)
+    for n in (2, 3, 32, 400):
+        a = rng.random(n)
+        for b in (rng.random(n), 2.0 * a + 0.1 * rng.random(n), 1.0 - a):
+            assert pearson(a, b) == pytest.approx(stats.pearsonr(a, b).statistic, abs=1e-12)
+
+
 @pytest.mark.parametrize("spread", [(0.3, 0.7), (0.05, 0.95)], ids=["narrow", "wide"])
 def test_pearson_ceiling_is_what_knowing_the_true_pass_rates_scores(spread):
     """A predictor equal to the true pass rates, scored against rates observed from G = 8
@@ -191,6 +202,22 @@ def test_pearson_ceiling_edges():
     assert np.isnan(pearson_ceiling([np.array([1.0, 0.0])]))              # one question
     # noise larger than the spread it should explain: no signal left to find, not a negative root
     assert pearson_ceiling([np.array([1.0, 0.0, 1.0, 0.0]), np.array([0.0, 1.0, 0.0, 0.0])]) == 0.0
+
+
+def test_pearson_ceiling_of_groups_of_mixed_sizes_is_the_same_formula():
+    """Rows of one size take the stacked path, mixed sizes the one-row-at-a-time path: both are
+    sqrt(1 - mean(s²/G) / var(observed rates))."""
+    rng = np.random.default_rng(2)
+    rows = [(rng.random(g) < rng.random()).astype(float) for g in (8, 8, 4, 6, 8, 2, 8, 8)]
+
+    def by_hand(rs):
+        observed = np.array([r.mean() for r in rs])
+        noise = np.mean([r.var(ddof=1) / len(r) for r in rs])
+        return float(np.sqrt(max(0.0, 1.0 - noise / observed.var(ddof=1))))
+
+    same = [r for r in rows if len(r) == 8]
+    assert pearson_ceiling(same) == pytest.approx(by_hand(same), abs=1e-12)
+    assert pearson_ceiling(rows) == pytest.approx(by_hand(rows), abs=1e-12)
 
 
 def test_label_samples_sets_the_rollouts_per_labelled_question(tiny_pipeline, tmp_path):
