@@ -22,6 +22,7 @@ import torch
 
 from .data import Question
 from .loss import collate, token_logprobs
+from .models import set_training
 from .rollout import Group
 
 
@@ -33,7 +34,7 @@ def exact_pass_rates(model, prompts: list[list[int]], answers: list[list[int]], 
     (`loss.collate`, `loss.token_logprobs`), so it is the sampler's distribution by construction."""
     device = next(model.parameters()).device
     was = model.training
-    model.eval()
+    set_training(model, False)  # torch's flag alone, as around a rollout (dots.models.set_training)
     out = []
     for start in range(0, len(prompts), batch_size):
         groups = []
@@ -45,7 +46,7 @@ def exact_pass_rates(model, prompts: list[list[int]], answers: list[list[int]], 
         batch = collate(groups, pad_id).to(device)
         logp = torch.where(batch.response_mask, token_logprobs(model, batch), 0.0)
         out.append(logp.sum(-1).exp().double().cpu())
-    model.train(was)
+    set_training(model, was)
     return torch.cat(out).numpy() if out else np.empty(0, dtype=np.float64)
 
 
