@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dots.config import ModelConfig
-from dots.fast_decode import GPT2Decoder, supports
+from dots.fast_decode import GPT2Decoder, activation_checkpointing_on, supports
 from dots.models import build_model, build_tokenizer, set_training
 from dots.loss import collate, grpo_loss, token_logprobs
 from dots.rollout import HFEngine, _TransformersDecoder
@@ -98,6 +98,32 @@ def test_shared_prompt_logprobs_and_gradients_match_the_plain_forward(policy):
     assert torch.isfinite(a).all()
     for x, y in zip(ga, gb):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
+    model.zero_grad(set_to_none=True)
+
+
+def test_shared_prompt_forward_recomputes_each_block_to_the_same_gradient(policy):
+    """With activation checkpointing on (`train.gradient_checkpointing`), the shared-prompt forward
+    recomputes each block in the backward pass, the last one (prompts cut to their last position)
+    included, and gives the log-probs and gradient of the forward that keeps everything."""
+    from dots.models import enable_activation_checkpointing
+
+    model, tok = policy
+    copy = type(model)(model.config).to(torch.float64)
+    copy.load_state_dict(model.state_dict())
+    enable_activation_checkpointing(copy)
+    batch = collate(_groups(model, tok), tok.pad_token_id)
+    results = []
+    for m in (model, copy):
+        m.train()
+        m.zero_grad(set_to_none=True)
+        logp = token_logprobs(m, batch, 0.7)
+        grpo_loss(logp, batch)[0].backward()
+        results.append((logp.detach(), [p.grad.clone() for p in m.parameters()]))
+    (a, ga), (b, gb) = results
+    assert activation_checkpointing_on(copy) and not activation_checkpointing_on(model)
+    torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y, atol=1e-12, rtol=1e-10)
     model.zero_grad(set_to_none=True)
 
 
