@@ -270,14 +270,14 @@ def workers(cfg: Config) -> int:
 def run_seed(cfg: Config, seed: int, methods: list[str], variants: Sequence[Variant] = ()) -> dict[str, dict]:
     """`train_seed`, in a process of its own when seeds train side by side (`workers` > 1): each
     process sets its own torch threads and global random states, and a crash in one seed's
-    process leaves the others' runs and checkpoints intact. Spawned, not forked: a forked torch
-    or Prefect process can hang on locks its parent held."""
+    process leaves the others' runs and checkpoints intact. Spawned, not forked, and killed with
+    the bench process however it dies (`dots.parent_death`), so a killed bench leaves no seed
+    training on as an orphan."""
     if workers(cfg) == 1:
         return train_seed(cfg, seed, methods, variants)
-    import multiprocessing  # noqa: PLC0415
-    from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
+    from .parent_death import pool_dying_with_this_process  # noqa: PLC0415
 
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with pool_dying_with_this_process() as pool:
         return pool.submit(train_seed, cfg, seed, list(methods), list(variants)).result()
 
 
