@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from .config import BENCH_METHODS, METHODS, ConfigError, load_config
+from .config import BENCH_METHODS, BENCH_SEEDS, METHODS, ConfigError, load_config
 from .redact import scrub
 
 
@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="sampling seed for --samples")
     ev.add_argument("--out", help="also write the JSON here")
     bench = sub.add_parser("bench", parents=[common], help="grpo, dots, rr, dots_rr and the peers dapo, greso over seeds, side by side")
-    bench.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="train.seed values (default 0 1 2 3 4)")
+    bench.add_argument("--seeds", type=int, nargs="+", default=None,
+                       help="train.seed values (default: " + " ".join(map(str, BENCH_SEEDS)) + ")")
     bench.add_argument("--methods", nargs="+", choices=METHODS, default=list(BENCH_METHODS),
                        help="default: every method but greso_rr")
     bench.add_argument("--variant", action="append", default=[], metavar="LABEL=METHOD:KEY=VALUE[,KEY=VALUE]",
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
             from .bench import run_bench  # noqa: PLC0415
 
-            run_bench(bench_cfg, args.seeds, args.methods, Path(args.out), args.dataset, variants=variants)
+            run_bench(bench_cfg, args.seeds or list(BENCH_SEEDS), args.methods, Path(args.out), args.dataset, variants=variants)
         elif args.command == "compare":
             stages.compare(cfg)
         elif args.command == "evaluate" and args.method:

@@ -21,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 
 from dots import bench
 from dots.atomic import write_text
-from dots.config import Config, load_config
+from dots.config import BENCH_SEEDS, Config, load_config
 
 DEEPSCALER = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "deepscaler.parquet"
 
@@ -77,7 +77,7 @@ def bench_flow(seeds: list[int] | None = None, methods: list[str] | None = None,
     cfg = bench.bench_config(load_config(params, overrides))
     arms = [bench.parse_variant(v, cfg) for v in variants or []]  # refused here, before any stage runs
     shared_stages(cfg)
-    return bench.run_bench(cfg, seeds or [0, 1, 2, 3, 4], methods, Path(out_dir),
+    return bench.run_bench(cfg, seeds or list(BENCH_SEEDS), methods, Path(out_dir),
                            DEEPSCALER if DEEPSCALER.exists() else None, runner=timed_runner, variants=arms)
 
 
