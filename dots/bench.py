@@ -759,6 +759,29 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
     return "\n".join(lines)
 
 
+def runs_finished_before(cfg: Config, arms_: list[str], seeds: list[int], began: float,
+                         variants: Sequence[Variant] = ()) -> list[str]:
+    """`<arm> seed <s>` for each run whose summary was written before `began`: read back from an
+    earlier bench in this workspace, not timed by this one. Why say so: a second `dots bench` in
+    the same workspace re-reports those runs' seconds, and reads like a second measurement when
+    it is the first one again."""
+    out = []
+    for seed, label in run_order(arms_, seeds):
+        method, acfg = resolve(cfg, label, variants)
+        done = run_dirs(acfg, seed, method, lockstep_group(cfg, seed, arms_, variants))[0] / "summary.json"
+        if done.exists() and done.stat().st_mtime < began:
+            out.append(f"{label} seed {seed}")
+    return out
+
+
+def read_back_note(read_back: list[str], runs: int, root: Path) -> str:
+    """The table's warning that some of its seconds are an earlier bench's (`runs_finished_before`)."""
+    return (f"\n\nRead back, not timed by this bench: {len(read_back)} of {runs} runs ({', '.join(read_back)}) "
+            "finished in an earlier bench in this workspace, so their seconds are that bench's and this table "
+            f"is not a second measurement of them. To time them again, move {root / 'runs'} and "
+            f"{root / 'checkpoints'} aside (the shared stages can stay), or bench in a clean clone.")
+
+
 def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RESULTS,
            dataset: str | Path | None = None, extra: dict | None = None, variants: Sequence[Variant] = ()) -> dict:
     """Read every finished run, write summary.json, table.md and curves.png under out_dir
@@ -782,6 +805,8 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
     goal_list = goals(summary, cfg, rnd, rows)
     checks = task_checks(rows)
     table = render(rows, summary, goal_list, methods, checks)
+    if read_back := (extra or {}).get("runs_read_back"):
+        table += read_back_note(read_back, len(rows), cfg.root)
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"date": time.strftime("%Y-%m-%d"), "methods": methods, "seeds": seeds,
               "steps": cfg.train.steps, "targets": targets, "baseline_targets": own_targets,
@@ -830,10 +855,12 @@ def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, o
         tag = "".join(f"+{v.label}:{','.join(v.overrides)}" for v in variants)
         os.environ["DOTS_PIPELINE_ID"] = f"bench-{cfg.fingerprint(BENCH_EXCLUDE)}-{git_commit()[:12]}" + (
             f"-{hashlib.sha256(tag.encode()).hexdigest()[:8]}" if tag else "")
-    start = time.perf_counter()
+    start, began = time.perf_counter(), time.time()
     prepare_shared(cfg)
     order = run_order(all_arms, seeds)
     train_seeds(cfg, [(seed, [m for s, m in order if s == seed]) for seed in seeds], variants, runner)
-    result = report(cfg, all_arms, seeds, out_dir, dataset, {"bench_wall_s": time.perf_counter() - start}, variants)
+    extra = {"bench_wall_s": time.perf_counter() - start,
+             "runs_read_back": runs_finished_before(cfg, all_arms, seeds, began, variants)}
+    result = report(cfg, all_arms, seeds, out_dir, dataset, extra, variants)
     say(Path(out_dir / "table.md").read_text())
     return result

@@ -210,6 +210,13 @@ def test_a_rerun_reads_finished_runs_back_instead_of_training(bench_run):
     # the runs' wall-clock survives a re-written report that read every run back
     first, again = (json.loads((root / d / "summary.json").read_text()) for d in ("results", "results2"))
     assert again["runs_wall_s"] == pytest.approx(first["runs_wall_s"]) and first["runs_wall_s"] > 0
+    # and it says its seconds are the first bench's, run by run; the first bench timed all its own
+    assert first["runs_read_back"] == [] and "Read back" not in (root / "results" / "table.md").read_text()
+    every = [f"{arm} seed {s}" for s, arm in bench.run_order(ARMS, [0, 1])]
+    assert again["runs_read_back"] == every
+    note = (root / "results2" / "table.md").read_text()
+    assert f"Read back, not timed by this bench: {len(every)} of {len(every)} runs" in note
+    assert str(cfg.root / "runs") in note
 
 
 def test_the_runs_wall_clock_counts_each_lockstep_group_once():
