@@ -765,10 +765,10 @@ def runs_finished_before(cfg: Config, arms_: list[str], seeds: list[int], began:
     earlier bench in this workspace, not timed by this one. Why say so: a second `dots bench` in
     the same workspace re-reports those runs' seconds, and reads like a second measurement when
     it is the first one again."""
-    out = []
+    out, group = [], {s: lockstep_group(cfg, s, arms_, variants) for s in seeds}
     for seed, label in run_order(arms_, seeds):
         method, acfg = resolve(cfg, label, variants)
-        done = run_dirs(acfg, seed, method, lockstep_group(cfg, seed, arms_, variants))[0] / "summary.json"
+        done = run_dirs(acfg, seed, method, group[seed])[0] / "summary.json"
         if done.exists() and done.stat().st_mtime < began:
             out.append(f"{label} seed {seed}")
     return out

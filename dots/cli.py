@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="sampling seed for --samples")
     ev.add_argument("--out", help="also write the JSON here")
     bench = sub.add_parser("bench", parents=[common], help="grpo, dots, rr, dots_rr and the peers dapo, greso over seeds, side by side")
-    bench.add_argument("--seeds", type=int, nargs="+", default=None,
+    bench.add_argument("--seeds", type=int, nargs="+", default=list(BENCH_SEEDS),
                        help="train.seed values (default: " + " ".join(map(str, BENCH_SEEDS)) + ")")
     bench.add_argument("--methods", nargs="+", choices=METHODS, default=list(BENCH_METHODS),
                        help="default: every method but greso_rr")
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
             from .bench import run_bench  # noqa: PLC0415
 
-            run_bench(bench_cfg, args.seeds or list(BENCH_SEEDS), args.methods, Path(args.out), args.dataset, variants=variants)
+            run_bench(bench_cfg, args.seeds, args.methods, Path(args.out), args.dataset, variants=variants)
         elif args.command == "compare":
             stages.compare(cfg)
         elif args.command == "evaluate" and args.method:

@@ -526,6 +526,15 @@ def test_make_bench_trains_the_six_methods_and_greso_rr_only_on_demand():
     assert bench.UNUSED.keys() == set(METHODS)  # every method says which params its runs ignore
 
 
+def test_dots_bench_trains_six_seeds_by_default():
+    """Two seeds train at a time: a sixth fills the core a fifth left idle (dots.config.BENCH_SEEDS)."""
+    from dots.cli import _parser
+    from dots.config import BENCH_SEEDS
+
+    assert BENCH_SEEDS == (0, 1, 2, 3, 4, 5)
+    assert _parser().parse_args(["bench"]).seeds == list(BENCH_SEEDS)
+
+
 def test_lockstep_runs_are_the_runs_trained_alone(tiny_pipeline, tmp_path):
     """The bench trains a seed's methods in lockstep; each must be the same run, step for step
     and token for token, as the method trained alone (only its seconds may differ)."""
