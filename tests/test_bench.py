@@ -673,7 +673,7 @@ def test_orchestration_is_what_a_seed_task_spent_outside_its_training_calls():
     assert orchestration_per_group(5.0, {"grpo": {}}) is None
 
 
-EVERY2 = "every2=dots_rr:selection.every=2"  # selection.every defaults to 4
+EVERY2 = "every2=dots_rr:selection.every=2"  # selection.every defaults to 8
 
 
 def test_a_variant_is_parsed_and_refused_before_any_work_with_the_reason():
@@ -694,7 +694,7 @@ def test_a_variant_is_parsed_and_refused_before_any_work_with_the_reason():
            "e=dots_rr:selection.ref_size=64": "shared stages read it",
            "e=dots_rr:train.seed=3": "every arm of a bench shares it",
            "e=grpo:selection.every=2": "grpo does not read selection.every=2",
-           "e=dots_rr:selection.every=4": "the variant would be the dots_rr run itself",
+           "e=dots_rr:selection.every=8": "the variant would be the dots_rr run itself",
            # the rate dots_rr trains with already (train.lr_by_method), and another method's rate
            "e=dots_rr:train.lr=0.0006": "the variant would be the dots_rr run itself",
            "e=grpo:train.lr_by_method.dots_rr=0.001": "grpo does not read train.lr_by_method.dots_rr=0.001"}
@@ -737,7 +737,7 @@ def test_a_variant_trains_in_its_methods_lockstep_group_with_its_own_config(monk
     monkeypatch.setattr(stages, "train_lockstep", fake)
     out = bench.train_seed(cfg, 3, ["grpo", "dots_rr", "every2"], [v])
     assert sorted(out) == ["dots_rr", "every2", "grpo"]
-    assert seen["every2"][:3] == ("dots_rr", 2, 3) and seen["dots_rr"][:3] == ("dots_rr", 4, 3)
+    assert seen["every2"][:3] == ("dots_rr", 2, 3) and seen["dots_rr"][:3] == ("dots_rr", 8, 3)
     assert seen["every2"][3] != seen["dots_rr"][3]
     vcfg, group = bench.arm_config(cfg, v), bench.lockstep_group(cfg, 3, ["grpo", "dots_rr", "every2"], [v])
     assert seen["every2"][3] == bench.run_dirs(vcfg, 3, "dots_rr", group)[0]
