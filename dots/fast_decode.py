@@ -86,6 +86,13 @@ class GPT2Decoder:
         self.length = width
         return logits
 
+    def keep_rows(self, keep: torch.Tensor) -> bool:
+        """Drop every row but `keep` (finished samples) from the cache; later steps take only those."""
+        self.k = [k[keep] for k in self.k]
+        self.v = [v[keep] for v in self.v]
+        self.valid = self.valid[keep]
+        return True
+
     def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         at = self.length
         self.valid[:, at] = True

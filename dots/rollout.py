@@ -86,6 +86,16 @@ class _TransformersDecoder:
         self.cache = getattr(out, self.cache_key)
         return out.logits[:, -1, :]
 
+    def keep_rows(self, keep: torch.Tensor) -> bool:
+        """Drop every row but `keep` from the cache; False (nothing dropped) where the cache
+        cannot select rows."""
+        select = getattr(self.cache, "batch_select_indices", None)
+        if select is None:
+            return False
+        select(keep)
+        self.attn = self.attn[keep]
+        return True
+
 
 @dataclass
 class HFEngine:
@@ -95,6 +105,7 @@ class HFEngine:
     tokenizer: object
     batch_size: int = 1024
     fast: bool = True  # the lean GPT-2 decoder (dots.fast_decode) where the model allows it
+    drop_finished: bool = True  # decode only the rows still running (see `_sample_batch`)
     _pad: int = field(init=False)
     _eos: int = field(init=False)
 
@@ -108,6 +119,17 @@ class HFEngine:
     @torch.inference_mode()
     def _sample_batch(self, prompts: list[list[int]], temperature: float, max_new_tokens: int, greedy: bool,
                       generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample every row to its eos or `max_new_tokens`: ids, mask and log-probs, (n, L) each.
+
+        Why finished rows leave the batch (`drop_finished`): a batch runs until its longest answer
+        ends, and on the embedded task a row's answer is 4.4 tokens against the 9-10 steps a batch
+        of 512 runs, so most of each late step decoded rows already done (a step costs about in
+        proportion to its rows here). Once a quarter of the rows the decoder holds have ended it
+        keeps only the running ones (a copy of their keys and values); measured on 64 x 8 warm-up
+        rollouts, one thread, side by side: 0.055 s to 0.039 s, identical tokens and log-probs.
+        Sampling still draws over all n rows (the finished ones on zero logits, their tokens
+        masked), so a seeded generator yields the same tokens with the drop as without.
+        """
         device = next(self.model.parameters()).device
         unique, order = [], []  # a prompt sampled G times sits in G consecutive rows: run it once
         for p in prompts:
@@ -132,7 +154,10 @@ class HFEngine:
                    else _TransformersDecoder(self.model))
         logits = decoder.prefill(ids, attn, pos, rows)
         step_pos = pos[rows, -1:]
+        running = torch.arange(n, device=device)  # the rows the decoder still holds, in order
         for t in range(max_new_tokens):
+            if running.shape[0] < n:  # the finished rows' logits: any values, their tokens are masked
+                logits = logits.new_zeros((n, logits.shape[-1])).index_copy_(0, running, logits)
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)
             if greedy:
                 tok = logp.argmax(-1)
@@ -147,8 +172,13 @@ class HFEngine:
                 out_ids, out_lp, out_mask = out_ids[:, : t + 1], out_lp[:, : t + 1], out_mask[:, : t + 1]
                 break
             if t + 1 < max_new_tokens:
+                still = alive[running]
+                if self.drop_finished and int(still.sum()) <= 3 * running.shape[0] // 4:
+                    keep = still.nonzero().squeeze(-1)
+                    if decoder.keep_rows(keep):
+                        running, step_pos = running[keep], step_pos[keep]
                 step_pos = step_pos + 1
-                logits = decoder.step(tok, step_pos)
+                logits = decoder.step(tok[running], step_pos)
         return out_ids.cpu(), out_mask.cpu(), out_lp.cpu()
 
     def generate(self, prompts: list[list[int]], n: int, *, temperature: float = 1.0, max_new_tokens: int = 16,
