@@ -87,9 +87,12 @@ class GPT2Decoder:
         return logits
 
     def keep_rows(self, keep: torch.Tensor) -> bool:
-        """Drop every row but `keep` (finished samples) from the cache; later steps take only those."""
-        self.k = [k[keep] for k in self.k]
-        self.v = [v[keep] for v in self.v]
+        """Drop every row but `keep` (finished samples) from the cache; later steps take only those.
+        One layer at a time, so the old layer is freed before the next is copied: the peak stays
+        the full cache plus one layer's copy, inside what `dots.memory_plan` plans for rollouts."""
+        for cache in (self.k, self.v):
+            for i in range(len(cache)):
+                cache[i] = cache[i][keep]
         self.valid = self.valid[keep]
         return True
 
