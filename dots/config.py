@@ -53,6 +53,11 @@ LR_BY_METHOD = {"grpo": 3e-4, "dots": 3e-4, "rr": 3e-4, "dots_rr": 6e-4, "dapo":
 # the interval (docs/benchmark.md, "Max-variance down-sampling"); grpo with 4 of 8 never reached its
 # own end point, and the other methods were not measured.
 DOWNSAMPLE_BY_METHOD = {"dots_rr": 4}
+# Each replaying method's fresh share (replay.delta_by_method; a method not named takes the paper's 0.5):
+# dots_rr 0.375 (24 fresh and 40 replayed groups of 64), 0.95x its time at 0.5 beyond the interval in two
+# twenty-seed benches (docs/benchmark.md, "A smaller fresh share"); rr and greso_rr were not measured.
+PAPER_DELTA = 0.5
+DELTA_BY_METHOD = {"rr": PAPER_DELTA, "dots_rr": 0.375, "greso_rr": PAPER_DELTA}
 
 
 class ConfigError(ValueError):
@@ -238,12 +243,39 @@ class SelectionConfig(_Section):
 class ReplayConfig(_Section):
     capacity: int = _range(1, None, default=128, desc="C, most groups the FIFO buffer holds (128: "
                                                        "fresher replay; with selection.every 8 it wins)")
-    delta: float = _range(0, 1, lo_open=True, default=0.5, desc="fresh share of each batch (1 = no replay)")
+    delta: float | None = _range(0, 1, lo_open=True, default=None,
+                                 desc="fresh share of each batch for every replaying method (1 = no replay); "
+                                      "null: each method's own from replay.delta_by_method")
+    delta_by_method: dict[Method, float] = Field(
+        default_factory=lambda: dict(DELTA_BY_METHOD),
+        description="each method's fresh share when replay.delta is null (a method not named: the paper's 0.5): "
+                    "dots_rr 0.375, 0.95x its time at 0.5 beyond the interval in two twenty-seed benches "
+                    "(docs/benchmark.md); rr and greso_rr keep 0.5 (not measured)")
     recency: float = _range(0, None, default=0.0, desc="replay sampling weight exp(-recency x age in steps); 0: "
                                                        "uniform (the paper)")
     fill: bool = Field(default=False, description="beyond the paper: a fresh group that comes back degenerate "
                                                   "gives its slot to one more replayed group, so a step trains "
                                                   "a full batch of informative groups (false: the paper)")
+
+    @field_validator("delta_by_method", mode="before")
+    @classmethod
+    def _unnamed_methods_keep_their_share(cls, value: Any) -> Any:
+        """`-S replay.delta_by_method.rr=0.375` changes rr's share and leaves dots_rr's."""
+        return {**DELTA_BY_METHOD, **value} if isinstance(value, dict) else value
+
+    @model_validator(mode="after")
+    def _shares_in_range(self) -> "ReplayConfig":
+        bad = {m: d for m, d in self.delta_by_method.items() if not 0 < d <= 1}
+        if bad:
+            raise ValueError(f"replay.delta_by_method: each share must be in (0, 1]; got {bad}")
+        return self
+
+    def delta_for(self, method: str | None) -> float:
+        """The fresh share `method` trains with: replay.delta when set, else its own (0.5 when
+        not named, the paper's)."""
+        if self.delta is not None or method is None:
+            return self.delta if self.delta is not None else PAPER_DELTA
+        return self.delta_by_method.get(method, PAPER_DELTA)
 
 
 class DapoConfig(_Section):
@@ -558,14 +590,19 @@ class Config(_Section):
 
     def fingerprint(self, exclude: tuple[str, ...] = ("paths",), method: str | None = None) -> str:
         """Hash of the config less the `exclude`d dotted keys or sections: what a result depends on.
-        With `method`, the learning rate and the down-sampling are the ones that method trains with,
-        and the other methods' are left out (changing greso's rate does not change a dots_rr run)."""
+        With `method`, the learning rate, the down-sampling and the fresh share are the ones that
+        method trains with, and the other methods' are left out (changing greso's rate does not
+        change a dots_rr run)."""
         flat = {k: v for k, v in self.flat().items() if not any(k == e or k.startswith(e + ".") for e in exclude)}
         if method is not None:
+            reads_replay = "replay.delta" in flat
             flat = {k: v for k, v in flat.items()
-                    if not k.startswith(("train.lr_by_method.", "train.downsample_by_method."))}
+                    if not k.startswith(("train.lr_by_method.", "train.downsample_by_method.",
+                                         "replay.delta_by_method."))}
             flat["train.lr"] = self.train.rate_for(method)
             flat["train.downsample"] = self.train.downsample_for(method)
+            if reads_replay:
+                flat["replay.delta"] = self.replay.delta_for(method)
         return hashlib.sha256(yaml.safe_dump(flat, sort_keys=True).encode()).hexdigest()[:16]
 
     def flat(self) -> dict[str, Any]:

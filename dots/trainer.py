@@ -321,7 +321,7 @@ class Trainer:
         self._sampled = 0
         replayed: list[Group] = []
         if self.uses_replay:
-            n_replay = b - max(1, int(round(cfg.replay.delta * b)))
+            n_replay = b - max(1, int(round(cfg.replay.delta_for(self.method) * b)))
             # shortfall is generated fresh below; rank 0 draws, every rank replays the same groups
             replayed = self.dist.decide(lambda: self.buffer.sample(n_replay, self.np_rng, cfg.replay.recency))
         fresh = self._fresh_groups(b - len(replayed), rec, timers)

@@ -175,6 +175,28 @@ def test_a_rate_per_method_is_checked_and_named():
     assert (partial.rate_for("grpo"), partial.rate_for("greso")) == (0.0001, 6e-4)
 
 
+def test_each_replaying_method_has_its_own_fresh_share_unless_replay_delta_sets_every_one():
+    """replay.delta null: dots_rr replays 40 of 64 groups (0.375 fresh), rr the paper's half; a
+    number sets every method's share (`-S replay.delta=0.5` is the paper's dots_rr again); a share
+    out of range or a method that does not exist is refused by name; another method's share
+    leaves a run's key alone."""
+    cfg = load_config(REPO / "params.yaml")
+    assert cfg.replay.delta is None
+    assert {m: cfg.replay.delta_for(m) for m in ("rr", "dots_rr", "greso_rr", "grpo")} == \
+        {"rr": 0.5, "dots_rr": 0.375, "greso_rr": 0.5, "grpo": 0.5}
+    one = load_config(REPO / "params.yaml", ["replay.delta=0.25"]).replay
+    assert {one.delta_for(m) for m in ("rr", "dots_rr", "greso_rr")} == {0.25}
+    rr = load_config(None, ["replay.delta_by_method.rr=0.25"]).replay
+    assert (rr.delta_for("rr"), rr.delta_for("dots_rr")) == (0.25, 0.375)
+    refused(["replay.delta_by_method.dots_rr=1.5"], "replay.delta_by_method: each share must be in (0, 1]")
+    refused(["replay.delta_by_method.ppo=0.5"], "replay.delta_by_method.ppo")
+    base = Config()
+    other = load_config(None, ["replay.delta_by_method.rr=0.25"])
+    assert base.fingerprint(method="dots_rr") == other.fingerprint(method="dots_rr")
+    assert base.fingerprint(method="rr") != other.fingerprint(method="rr")
+    assert base.fingerprint(method="dots_rr") == load_config(None, ["replay.delta=0.375"]).fingerprint(method="dots_rr")
+
+
 def test_a_runs_fingerprint_holds_its_own_rate_not_the_other_methods():
     """Changing greso's rate leaves a dots_rr run's key (and its checkpoints) valid; changing its own does not."""
     base = Config()

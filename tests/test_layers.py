@@ -38,3 +38,6 @@ def test_config_defaults_are_the_shipped_params():
     assert shipped_train["lr_by_method"] == Config().train.lr_by_method
     assert shipped_train["downsample"] == Config().train.downsample
     assert shipped_train["downsample_by_method"] == Config().train.downsample_by_method
+    shipped_replay = yaml.safe_load((ROOT / "params.yaml").read_text())["replay"]
+    assert shipped_replay["delta"] == Config().replay.delta
+    assert shipped_replay["delta_by_method"] == Config().replay.delta_by_method

@@ -30,7 +30,8 @@ NOT_RESULTS = {"paths", "tracking"}
 FROM_COMMAND = {"train.method"}
 # Config methods, by the params they read.
 DERIVED = {"train.rate_for": {"train.lr", "train.lr_by_method"},
-           "train.downsample_for": {"train.downsample", "train.downsample_by_method"}}
+           "train.downsample_for": {"train.downsample", "train.downsample_by_method"},
+           "replay.delta_for": {"replay.delta", "replay.delta_by_method"}}
 
 
 def _dvc_stages() -> dict:

@@ -625,5 +625,5 @@ def test_greso_rr_collects_the_fresh_share_with_greso_and_replays_the_rest(tiny_
         assert len(calls[0]) == max(1, round(cfg.greso.sampling_batch_size * n_fresh / b))
         assert "greso/p_easy" in rec and "replay/fraction" in rec
         if step > 0:
-            assert 0 < len(replayed) <= b - max(1, round(cfg.replay.delta * b))
+            assert 0 < len(replayed) <= b - max(1, round(cfg.replay.delta_for("greso_rr") * b))
     assert (trainer.greso.streak != 0).any() and len(trainer.buffer) > 0
