@@ -273,8 +273,8 @@ class ReplayConfig(_Section):
     def delta_for(self, method: str | None) -> float:
         """The fresh share `method` trains with: replay.delta when set, else its own (0.5 when
         not named, the paper's)."""
-        if self.delta is not None or method is None:
-            return self.delta if self.delta is not None else PAPER_DELTA
+        if self.delta is not None:
+            return self.delta
         return self.delta_by_method.get(method, PAPER_DELTA)
 
 
