@@ -78,6 +78,26 @@ def _range(lo: float | None = None, hi: float | None = None, *, lo_open=False, h
     return Field(default, description=desc, json_schema_extra={"allowed": allowed}, **kw)
 
 
+def _per_method(shipped: dict[str, Any], desc: str) -> Any:
+    """A map of method to value whose default is a copy of `shipped`, the measured values (the
+    three per-method maps: train.lr_by_method, train.downsample_by_method, replay.delta_by_method)."""
+    return Field(default_factory=lambda: dict(shipped), description=desc)
+
+
+def _over_shipped(value: Any, shipped: dict[str, Any]) -> Any:
+    """A per-method map from a params file or `-S key.method=x` names only the methods it changes;
+    every method it does not name keeps its shipped value (not the paper's, not null)."""
+    return {**shipped, **value} if isinstance(value, dict) else value
+
+
+def _refuse_outside(key: str, values: dict[str, Any], ok: Any, rule: str) -> None:
+    """Refuse a per-method map any of whose values fails `ok`, naming the key, the rule and the
+    methods at fault."""
+    bad = {m: v for m, v in values.items() if not ok(v)}
+    if bad:
+        raise ValueError(f"{key}: {rule}; got {bad}")
+
+
 DatasetFormat = Literal["parquet", "jsonl", "datasets"]
 
 
@@ -246,11 +266,11 @@ class ReplayConfig(_Section):
     delta: float | None = _range(0, 1, lo_open=True, default=None,
                                  desc="fresh share of each batch for every replaying method (1 = no replay); "
                                       "null: each method's own from replay.delta_by_method")
-    delta_by_method: dict[Method, float] = Field(
-        default_factory=lambda: dict(DELTA_BY_METHOD),
-        description="each method's fresh share when replay.delta is null (a method not named: the paper's 0.5): "
-                    "dots_rr 0.375, 0.95x its time at 0.5 beyond the interval in two twenty-seed benches "
-                    "(docs/benchmark.md); rr and greso_rr keep 0.5 (not measured)")
+    delta_by_method: dict[Method, float] = _per_method(
+        DELTA_BY_METHOD,
+        "each method's fresh share when replay.delta is null (a method not named: the paper's 0.5): "
+        "dots_rr 0.375, 0.95x its time at 0.5 beyond the interval in two twenty-seed benches "
+        "(docs/benchmark.md); rr and greso_rr keep 0.5 (not measured)")
     recency: float = _range(0, None, default=0.0, desc="replay sampling weight exp(-recency x age in steps); 0: "
                                                        "uniform (the paper)")
     fill: bool = Field(default=False, description="beyond the paper: a fresh group that comes back degenerate "
@@ -261,13 +281,12 @@ class ReplayConfig(_Section):
     @classmethod
     def _unnamed_methods_keep_their_share(cls, value: Any) -> Any:
         """`-S replay.delta_by_method.rr=0.375` changes rr's share and leaves dots_rr's."""
-        return {**DELTA_BY_METHOD, **value} if isinstance(value, dict) else value
+        return _over_shipped(value, DELTA_BY_METHOD)
 
     @model_validator(mode="after")
     def _shares_in_range(self) -> "ReplayConfig":
-        bad = {m: d for m, d in self.delta_by_method.items() if not 0 < d <= 1}
-        if bad:
-            raise ValueError(f"replay.delta_by_method: each share must be in (0, 1]; got {bad}")
+        _refuse_outside("replay.delta_by_method", self.delta_by_method, lambda d: 0 < d <= 1,
+                        "each share must be in (0, 1]")
         return self
 
     def delta_for(self, method: str | None) -> float:
@@ -391,12 +410,12 @@ class TrainConfig(_Section):
     lr: float | None = _range(0, 1, lo_open=True, default=None,
                               desc="AdamW learning rate of every method; null: each method's own rate from "
                                    "train.lr_by_method (a number here, e.g. -S train.lr=0.0003, overrides them all)")
-    lr_by_method: dict[Method, float] = Field(
-        default_factory=lambda: dict(LR_BY_METHOD),
-        description="each method's AdamW learning rate when train.lr is null (a method not named keeps the rate "
-                    "below): the better of 3e-4 and 6e-4 on the "
-                    "embedded task, each measured twice side by side (docs/benchmark.md); grpo gets worse at 6e-4, "
-                    "rr ties, dots_rr, dapo and greso gain; dots alone was not measured at 6e-4 and keeps 3e-4")
+    lr_by_method: dict[Method, float] = _per_method(
+        LR_BY_METHOD,
+        "each method's AdamW learning rate when train.lr is null (a method not named keeps the rate "
+        "below): the better of 3e-4 and 6e-4 on the "
+        "embedded task, each measured twice side by side (docs/benchmark.md); grpo gets worse at 6e-4, "
+        "rr ties, dots_rr, dapo and greso gain; dots alone was not measured at 6e-4 and keeps 3e-4")
     max_grad_norm: float = _range(0, None, lo_open=True, default=1.0, desc="gradient clipping")
     skip_degenerate: bool = Field(True, description="forward only the informative groups in the update: with "
                                                     "loss.beta = 0 a group whose rewards are all equal has zero "
@@ -409,12 +428,12 @@ class TrainConfig(_Section):
                                          "max-variance down-sampling, dots.downsample); null: each method's own m "
                                          "from train.downsample_by_method (a number here, e.g. -S "
                                          "train.downsample=8 for all G, overrides them all)")
-    downsample_by_method: dict[Method, int | None] = Field(
-        default_factory=lambda: dict(DOWNSAMPLE_BY_METHOD),
-        description="each method's train.downsample when that is null (a method not named, null, or an m of "
-                    "at least rollout.group_size: all G): dots_rr keeps 4 of 8, which beat all 8 beyond the "
-                    "interval in two five-seed benches (docs/benchmark.md); grpo with 4 of 8 never reached its "
-                    "target; the others were not measured")
+    downsample_by_method: dict[Method, int | None] = _per_method(
+        DOWNSAMPLE_BY_METHOD,
+        "each method's train.downsample when that is null (a method not named, null, or an m of "
+        "at least rollout.group_size: all G): dots_rr keeps 4 of 8, which beat all 8 beyond the "
+        "interval in two five-seed benches (docs/benchmark.md); grpo with 4 of 8 never reached its "
+        "target; the others were not measured")
     checkpoint_every: int = _range(1, None, default=50, desc="steps between resumable checkpoints")
     target_accuracy: float | None = _range(0, 1, default=None,
                                            desc="accuracy for time-to-target; `compare` uses grpo's final")
@@ -450,17 +469,13 @@ class TrainConfig(_Section):
         """`-S train.lr_by_method.greso=0.0003` changes greso's rate and leaves the others';
         `-S train.downsample_by_method.rr=4` down-samples rr too and leaves dots_rr's 4."""
         shipped = {"lr_by_method": LR_BY_METHOD, "downsample_by_method": DOWNSAMPLE_BY_METHOD}[info.field_name]
-        return {**shipped, **value} if isinstance(value, dict) else value
+        return _over_shipped(value, shipped)
 
     @model_validator(mode="after")
     def _rates_in_range(self) -> "TrainConfig":
-        bad = {m: r for m, r in self.lr_by_method.items() if not 0 < r < 1}
-        if bad:
-            raise ValueError(f"train.lr_by_method: rates must be in (0, 1); got {bad}")
-        bad = {m: k for m, k in self.downsample_by_method.items() if k is not None and k < 2}
-        if bad:
-            raise ValueError(f"train.downsample_by_method: each must be null or at least 2 (one rollout has no "
-                             f"advantage); got {bad}")
+        _refuse_outside("train.lr_by_method", self.lr_by_method, lambda r: 0 < r < 1, "rates must be in (0, 1)")
+        _refuse_outside("train.downsample_by_method", self.downsample_by_method, lambda k: k is None or k >= 2,
+                        "each must be null or at least 2 (one rollout has no advantage)")
         return self
 
     def rate_for(self, method: str) -> float:
