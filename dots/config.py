@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -55,7 +55,8 @@ LR_BY_METHOD = {"grpo": 3e-4, "dots": 3e-4, "rr": 3e-4, "dots_rr": 6e-4, "dapo":
 DOWNSAMPLE_BY_METHOD = {"dots_rr": 4}
 # Each replaying method's fresh share (replay.delta_by_method; a method not named takes the paper's 0.5):
 # dots_rr 0.375 (24 fresh and 40 replayed groups of 64), 0.95x its time at 0.5 beyond the interval in two
-# twenty-seed benches (docs/benchmark.md, "A smaller fresh share"); rr and greso_rr were not measured.
+# twenty-seed benches (docs/benchmark.md, "A smaller fresh share"); rr tied at 0.375 (ten seeds twice,
+# "A still smaller fresh share") and keeps 0.5; greso_rr was not measured.
 PAPER_DELTA = 0.5
 DELTA_BY_METHOD = {"rr": PAPER_DELTA, "dots_rr": 0.375, "greso_rr": PAPER_DELTA}
 
@@ -90,7 +91,7 @@ def _over_shipped(value: Any, shipped: dict[str, Any]) -> Any:
     return {**shipped, **value} if isinstance(value, dict) else value
 
 
-def _refuse_outside(key: str, values: dict[str, Any], ok: Any, rule: str) -> None:
+def _refuse_outside(key: str, values: dict[str, Any], ok: Callable[[Any], bool], rule: str) -> None:
     """Refuse a per-method map any of whose values fails `ok`, naming the key, the rule and the
     methods at fault."""
     bad = {m: v for m, v in values.items() if not ok(v)}
@@ -270,7 +271,7 @@ class ReplayConfig(_Section):
         DELTA_BY_METHOD,
         "each method's fresh share when replay.delta is null (a method not named: the paper's 0.5): "
         "dots_rr 0.375, 0.95x its time at 0.5 beyond the interval in two twenty-seed benches "
-        "(docs/benchmark.md); rr and greso_rr keep 0.5 (not measured)")
+        "(docs/benchmark.md); rr keeps 0.5 (tied at 0.375); greso_rr keeps 0.5 (not measured)")
     recency: float = _range(0, None, default=0.0, desc="replay sampling weight exp(-recency x age in steps); 0: "
                                                        "uniform (the paper)")
     fill: bool = Field(default=False, description="beyond the paper: a fresh group that comes back degenerate "
