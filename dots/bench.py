@@ -13,8 +13,10 @@ Why it is built this way:
   round of steps rotates with the seed.
 - The target of seed s is grpo's final accuracy at its step budget with seed s, smoothed:
   the mean of its last `eval.smooth` evaluations, so that one noisy evaluation cannot set it.
-  A method reaches it at the first evaluation whose trailing mean of `eval.smooth`
-  evaluations does. The ratio to grpo is taken seed by seed; the median over seeds is
+  A method reaches it where its trailing mean of `eval.smooth` evaluations first crosses it,
+  read between the evaluations on either side (`runfiles.Crossing`: grpo meets its own end
+  point at an evaluation, the others between two, and read at the later one they paid a delay
+  grpo did not). The ratio to grpo is taken seed by seed; the median over seeds is
   reported with a 90% percentile-bootstrap interval over the seeds (scipy).
 - Load that lockstep cannot cancel (a slow stretch after one arm reached the target and before
   another did) is divided out in a second time figure, `time_to_target_adjusted_s`: every step's
@@ -57,7 +59,7 @@ from .config import BENCH_METHODS, METHODS, TRAITS, Config, ConfigError, with_ov
 from .machine_load import adjusted_seconds, round_loads
 from .progress import say
 from .runfiles import json_safe
-from .runfiles import final_smoothed, step_seconds, target_eval
+from .runfiles import Crossing, crossing, final_smoothed, step_seconds
 
 RESULTS = Path("results/bench")
 SHARED_SECTIONS = ("task", "model", "warmup", "embed", "label", "predictor", "rollout", "selection.ref_size")
@@ -347,19 +349,19 @@ def run_row(cfg: Config, seed: int, label: str, target: float | None, variants: 
     def mean(key: str):  # the per-step means the run's summary already holds
         return summary.get(f"mean:{key}")
 
-    hit = target_eval(evals, target, cfg.eval.smooth)
+    hit = crossing(evals, target, cfg.eval.smooth)  # read between evaluations: docs/benchmark.md
     acc = [e["accuracy"] for e in evals]
     early = next((e for e in evals if e["step"] >= 0.2 * cfg.train.steps), evals[-1])
     gain = final_smoothed(evals, cfg.eval.smooth) - acc[0]
     frontier = [e["frontier"] for e in evals if "frontier" in e]
     groups = summary.get("train/groups_trained_total")
     row = {"method": label, "seed": seed, "run_dir": str(run_dir), "target_accuracy": target,
-           "time_to_target_s": None if hit is None else float(hit["elapsed_s"]),
+           "time_to_target_s": None if hit is None else hit.of("elapsed_s"),
            "time_to_target_adjusted_s": None if hit is None or loads is None
-           else adjusted_seconds(step_seconds(run_dir), loads, int(hit["step"])),
-           "steps_to_target": None if hit is None else int(hit["step"]),
-           "tokens_sampled_to_target": None if hit is None else hit.get("tokens_sampled"),
-           "tokens_trained_to_target": None if hit is None else hit.get("tokens_trained"),
+           else _adjusted_at(hit, step_seconds(run_dir), loads),
+           "steps_to_target": None if hit is None else hit.of("step"),
+           "tokens_sampled_to_target": None if hit is None else hit.of("tokens_sampled"),
+           "tokens_trained_to_target": None if hit is None else hit.of("tokens_trained"),
            "initial_accuracy": acc[0], "final_smoothed": final_smoothed(evals, cfg.eval.smooth), "gain": gain,
            "early_gain_share": (early["accuracy"] - acc[0]) / gain if gain > 0 else None,
            "gain_se": gain / evals[-1]["accuracy_se"] if evals[-1].get("accuracy_se") else None,
@@ -377,8 +379,15 @@ def run_row(cfg: Config, seed: int, label: str, target: float | None, variants: 
     for part in SPLIT:
         row[f"{part}_s"] = mean(f"time/{part}_s")
     row["other_s"] = row["step_s"] - sum(row[f"{p}_s"] for p in SPLIT) if row["step_s"] is not None else None
-    row.update(time_split.row_fields(run_dir, row["steps_to_target"]))
+    row.update(time_split.row_fields(run_dir, hit))
     return row
+
+
+def _adjusted_at(hit: Crossing, seconds: list[float], loads: np.ndarray) -> float:
+    """Load-adjusted seconds (`adjusted_seconds`) at the crossing, read between the two
+    evaluations' steps as the raw seconds are."""
+    before = 0 if hit.before is None else int(hit.before["step"])
+    return hit.at(adjusted_seconds(seconds, loads, before), adjusted_seconds(seconds, loads, int(hit.hit["step"])))
 
 
 # the peer baselines' sampling figures: per-step means the run's summary holds (None for other methods)
@@ -702,8 +711,8 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
     for r in sorted(rows, key=lambda r: (methods.index(r["method"]), r["seed"])):
         lines.append(f"| {r['method']} | {r['seed']} | {_f(r['time_to_target_s'], '.1f')} | "
                      f"{_f(r.get('time_to_target_adjusted_s'), '.1f')} | "
-                     f"{_f(r['steps_to_target'], 'd')} | {_f(r['tokens_sampled_to_target'], ',d')} | "
-                     f"{_f(r['tokens_trained_to_target'], ',d')} | {_f(r['final_smoothed'], '.3f')} | "
+                     f"{_f(r['steps_to_target'], '.1f')} | {_f(r['tokens_sampled_to_target'], ',.0f')} | "
+                     f"{_f(r['tokens_trained_to_target'], ',.0f')} | {_f(r['final_smoothed'], '.3f')} | "
                      f"{_f(r['step_s'], '.3f')} | {_f(r['rollout_s'], '.3f')} | {_f(r['update_s'], '.3f')} | "
                      f"{_f(r['select_s'], '.3f')} | {_f(r['s_per_group_trained'], '.4f')} | "
                      f"{_f(r['effective_ratio'], '.2f')} | {_f(r['staleness'], '.1f')} | "

@@ -508,7 +508,7 @@ def render_table(comparison: dict) -> str:
              "| effective ratio | dots/pearson |",
              "|---|---|---|---|---|---|---|---|"]
     for r in comparison["rows"]:
-        lines.append(f"| {r['method']} | {f(r['time_to_target_s'], '.1f')} | {f(r['steps_to_target'], 'd')} | "
+        lines.append(f"| {r['method']} | {f(r['time_to_target_s'], '.1f')} | {f(r['steps_to_target'], '.1f')} | "
                      f"{f(r['final_accuracy'], '.4f')} | {f(r['time_to_target_ratio'], '.2f')} | "
                      f"{f(r['mean_step_s'], '.3f')} | {f(r['effective_ratio'], '.2f')} | "
                      f"{f(r['dots_pearson'], '.2f')} |")

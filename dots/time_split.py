@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .runfiles import step_records
+from .runfiles import Crossing, step_records
 
 PHASES = ("rollout", "update", "select")
 PARTS = (*PHASES, "other")  # "other": the rest of each step (collation, replay, bookkeeping)
@@ -34,10 +34,17 @@ def seconds_to_target(run_dir: str | Path, steps: int) -> dict[str, float] | Non
     return out
 
 
-def row_fields(run_dir: str | Path, steps_to_target: int | None) -> dict[str, float | None]:
-    """A bench row's `<part>_to_target_s` fields (None for a run that never reached the target)."""
-    split = None if steps_to_target is None else seconds_to_target(run_dir, steps_to_target)
-    return {f"{p}_to_target_s": None if split is None else split[p] for p in PARTS}
+def row_fields(run_dir: str | Path, hit: Crossing | None) -> dict[str, float | None]:
+    """A bench row's `<part>_to_target_s` fields at the crossing (`dots.runfiles.Crossing`: each
+    part read between the two evaluations' steps, as the time to target is); None for a run that
+    never reached the target."""
+    if hit is None:
+        return {f"{p}_to_target_s": None for p in PARTS}
+    at_hit = seconds_to_target(run_dir, int(hit.hit["step"]))
+    at_before = None if hit.before is None else seconds_to_target(run_dir, int(hit.before["step"]))
+    if at_hit is None or (hit.before is not None and at_before is None):
+        return {f"{p}_to_target_s": None for p in PARTS}
+    return {f"{p}_to_target_s": hit.at(0.0 if at_before is None else at_before[p], at_hit[p]) for p in PARTS}
 
 
 def ratios_to_grpo(mine: list[dict], grpo: list[dict]) -> dict:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from dots import bench, time_split
+from dots.runfiles import crossing
 from dots.config import load_config, with_overrides
 
 from .conftest import REPO, SHARED_DATA, mlflow_runs, require_shared, tiny_overrides
@@ -154,9 +155,14 @@ def test_every_run_records_its_split_and_what_prefect_added(bench_run):
         if row["steps_to_target"] is not None:
             # where its time to target went: the first steps' own timers, which with the rest of each
             # step add up to the time to target the row reports (dots.time_split)
-            n = row["steps_to_target"]
-            assert row["update_to_target_s"] == pytest.approx(sum(r["time/update_s"] for r in records[:n]))
-            assert row["rollout_to_target_s"] == pytest.approx(sum(r["time/rollout_s"] for r in records[:n]))
+            # read between the evaluations around the crossing, as the time to target is (runfiles.Crossing)
+            hit = crossing(json.loads((run_dir / "evals.json").read_text()), row["target_accuracy"], cfg.eval.smooth)
+            before = 0 if hit.before is None else hit.before["step"]
+            assert row["steps_to_target"] == pytest.approx(hit.at(before, hit.hit["step"]))
+            for part in ("update", "rollout"):
+                def upto(n: int) -> float:
+                    return sum(r[f"time/{part}_s"] for r in records[:n])
+                assert row[f"{part}_to_target_s"] == pytest.approx(hit.at(upto(before), upto(hit.hit["step"])))
             assert sum(row[f"{p}_to_target_s"] for p in time_split.PARTS) == pytest.approx(row["time_to_target_s"])
         else:
             assert all(row[f"{p}_to_target_s"] is None for p in time_split.PARTS)
@@ -342,7 +348,7 @@ def test_the_goals_judge_the_load_adjusted_time_and_show_the_raw_one_beside():
     assert g["dots_rr"]["value"] == pytest.approx(0.45) and g["dots_rr"]["met"]
     assert g["dots_rr"]["detail"].startswith("load-adjusted") and "raw seconds 0.60" in g["dots_rr"]["detail"]
     table = bench.render(rows, s, list(g.values()), METHODS)
-    assert "| dots_rr | 0 | 6.0 | 3.6 | 40 |" in table
+    assert "| dots_rr | 0 | 6.0 | 3.6 | 40.0 |" in table  # steps read between evaluations: one decimal
     assert "| dots_rr | 0.60 [0.60–0.60] | 0.45 [0.45–0.45] | 0.40 [0.40–0.40] |" in table
     for r in rows:
         r["time_to_target_adjusted_s"] = None

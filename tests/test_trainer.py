@@ -158,15 +158,29 @@ EVALS = [
 @pytest.mark.parametrize("target,expected", [
     (0.05, (0.0, 0)),
     (0.10, (0.0, 0)),
-    (0.2, (5.0, 10)),
-    (0.30, (5.0, 10)),
-    (0.45, (9.5, 20)),  # the first evaluation that reaches it, not a later one
-    (0.52, (15.0, 40)),
+    (0.2, (2.5, 5)),  # halfway from 0.1 (step 0) to 0.3 (step 10): read between the evaluations
+    (0.30, (5.0, 10)),  # met at an evaluation: that evaluation's seconds and step
+    (0.45, (8.375, 17.5)),  # the first crossing (0.3 -> 0.5), not a later one (0.45 at step 30)
+    (0.52, (14.1, 37)),  # from the last evaluation below (0.45 at step 30) to the first above
     (0.6, (None, None)),
     (None, (None, None)),
 ])
 def test_time_to_target(target, expected):
-    assert time_to_target(EVALS, target) == expected
+    got = time_to_target(EVALS, target)
+    assert got == (None, None) if expected[0] is None else got == pytest.approx(expected)
+
+
+def test_time_to_target_reads_every_cumulative_figure_at_the_same_point():
+    from dots.runfiles import crossing
+
+    evals = [dict(e, tokens_sampled=100 * e["step"] ** 2) for e in EVALS]
+    hit = crossing(evals, 0.2)
+    assert hit.before is evals[0] and hit.hit is evals[1] and hit.fraction == pytest.approx(0.5)
+    # linear between the two evaluations, whatever the figure's own curve: 0 -> 10,000 tokens
+    assert hit.of("tokens_sampled") == pytest.approx(5000.0)
+    assert hit.of("missing") is None
+    first = crossing(evals, 0.1)
+    assert first.before is None and first.of("elapsed_s") == 0.0 and first.of("step") == 0
 
 
 def test_time_to_target_empty():
@@ -276,9 +290,9 @@ def test_a_single_spike_above_the_target_does_not_count_with_window_3():
 
     target = final_smoothed(SPIKY, 3)  # 0.55
     # unsmoothed, the lucky evaluation at step 20 reaches the target
-    assert time_to_target(SPIKY, target) == (10.0, 20)
+    assert time_to_target(SPIKY, target) == pytest.approx((7.5, 15))  # halfway up 0.2 -> 0.9, steps 10 to 20
     # smoothed over 3, it does not: the trailing mean first reaches 0.55 at the last evaluation
-    assert time_to_target(SPIKY, target, 3) == (35.0, 70)
+    assert time_to_target(SPIKY, target, 3) == pytest.approx((35.0, 70))
     hit = target_eval(SPIKY, target, 3)
     assert hit is SPIKY[-1]
     assert target_eval(SPIKY, 0.61, 3) is None and target_eval(SPIKY, None, 3) is None
