@@ -383,11 +383,10 @@ def run_row(cfg: Config, seed: int, label: str, target: float | None, variants: 
     return row
 
 
-def _adjusted_at(hit: Crossing, seconds: list[float], loads: np.ndarray) -> float:
+def _adjusted_at(crossed: Crossing, seconds: list[float], loads: np.ndarray) -> float:
     """Load-adjusted seconds (`adjusted_seconds`) at the crossing, read between the two
     evaluations' steps as the raw seconds are."""
-    before = 0 if hit.before is None else int(hit.before["step"])
-    return hit.at(adjusted_seconds(seconds, loads, before), adjusted_seconds(seconds, loads, int(hit.hit["step"])))
+    return crossed.at(*(adjusted_seconds(seconds, loads, n) for n in crossed.steps))
 
 
 # the peer baselines' sampling figures: per-step means the run's summary holds (None for other methods)

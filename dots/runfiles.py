@@ -93,6 +93,12 @@ class Crossing:
     hit: dict
     fraction: float
 
+    @property
+    def steps(self) -> tuple[int, int]:
+        """The two evaluations' steps (`before`'s 0 when there is none): where per-step sums
+        (seconds, load-adjusted seconds, the time split) are taken before `at` reads between them."""
+        return (0 if self.before is None else int(self.before["step"])), int(self.hit["step"])
+
     def at(self, before_value: float, hit_value: float) -> float:
         """A cumulative figure (seconds, steps, tokens) at the crossing, given its values at
         `before` and at `hit`: linear in between, as the smoothed curve is taken to be."""

@@ -26,7 +26,12 @@ PARTS = (*PHASES, "other")  # "other": the rest of each step (collation, replay,
 def seconds_to_target(run_dir: str | Path, steps: int) -> dict[str, float] | None:
     """Seconds of each phase, and of the rest of the step, over the run's first `steps` steps.
     None where a record lacks a phase's timer (a run folder written before it was kept)."""
-    records = step_records(run_dir)[:steps]
+    return _split(step_records(run_dir), steps)
+
+
+def _split(records: list[dict], steps: int) -> dict[str, float] | None:
+    """`seconds_to_target` over records already read (in step order)."""
+    records = records[:steps]
     if any(f"time/{p}_s" not in r for r in records for p in (*PHASES, "step")):
         return None
     out = {p: float(sum(r[f"time/{p}_s"] for r in records)) for p in PHASES}
@@ -34,17 +39,18 @@ def seconds_to_target(run_dir: str | Path, steps: int) -> dict[str, float] | Non
     return out
 
 
-def row_fields(run_dir: str | Path, hit: Crossing | None) -> dict[str, float | None]:
+def row_fields(run_dir: str | Path, crossed: Crossing | None) -> dict[str, float | None]:
     """A bench row's `<part>_to_target_s` fields at the crossing (`dots.runfiles.Crossing`: each
-    part read between the two evaluations' steps, as the time to target is); None for a run that
-    never reached the target."""
-    if hit is None:
-        return {f"{p}_to_target_s": None for p in PARTS}
-    at_hit = seconds_to_target(run_dir, int(hit.hit["step"]))
-    at_before = None if hit.before is None else seconds_to_target(run_dir, int(hit.before["step"]))
-    if at_hit is None or (hit.before is not None and at_before is None):
-        return {f"{p}_to_target_s": None for p in PARTS}
-    return {f"{p}_to_target_s": hit.at(0.0 if at_before is None else at_before[p], at_hit[p]) for p in PARTS}
+    part summed to the two evaluations' steps, read between them as the time to target is); None
+    for a run that never reached the target. The run's records are read once."""
+    none = {f"{p}_to_target_s": None for p in PARTS}
+    if crossed is None:
+        return none
+    records = step_records(run_dir)
+    before, hit = (_split(records, n) for n in crossed.steps)
+    if before is None or hit is None:
+        return none
+    return {f"{p}_to_target_s": crossed.at(before[p], hit[p]) for p in PARTS}
 
 
 def ratios_to_grpo(mine: list[dict], grpo: list[dict]) -> dict:

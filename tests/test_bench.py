@@ -156,13 +156,14 @@ def test_every_run_records_its_split_and_what_prefect_added(bench_run):
             # where its time to target went: the first steps' own timers, which with the rest of each
             # step add up to the time to target the row reports (dots.time_split)
             # read between the evaluations around the crossing, as the time to target is (runfiles.Crossing)
-            hit = crossing(json.loads((run_dir / "evals.json").read_text()), row["target_accuracy"], cfg.eval.smooth)
-            before = 0 if hit.before is None else hit.before["step"]
-            assert row["steps_to_target"] == pytest.approx(hit.at(before, hit.hit["step"]))
+            crossed = crossing(json.loads((run_dir / "evals.json").read_text()), row["target_accuracy"],
+                               cfg.eval.smooth)
+            before, at = crossed.steps
+            assert row["steps_to_target"] == pytest.approx(crossed.at(before, at))
             for part in ("update", "rollout"):
                 def upto(n: int) -> float:
                     return sum(r[f"time/{part}_s"] for r in records[:n])
-                assert row[f"{part}_to_target_s"] == pytest.approx(hit.at(upto(before), upto(hit.hit["step"])))
+                assert row[f"{part}_to_target_s"] == pytest.approx(crossed.at(upto(before), upto(at)))
             assert sum(row[f"{p}_to_target_s"] for p in time_split.PARTS) == pytest.approx(row["time_to_target_s"])
         else:
             assert all(row[f"{p}_to_target_s"] is None for p in time_split.PARTS)

@@ -9,6 +9,7 @@ import pytest
 
 from dots import bench, time_split
 from dots.config import Config
+from dots.runfiles import Crossing
 
 
 def _records(tmp_path, steps):
@@ -36,6 +37,19 @@ def test_a_record_without_a_phase_timer_gives_no_split(tmp_path):
         f.write(json.dumps({"step": 3, "time/step_s": 0.3, "time/rollout_s": 0.1}) + "\n")
     assert time_split.seconds_to_target(run, 2) is not None
     assert time_split.seconds_to_target(run, 3) is None  # never a made-up zero for a missing timer
+    crossed = Crossing({"step": 2}, {"step": 3}, 0.5)  # a crossing whose later evaluation lacks it
+    assert time_split.row_fields(run, crossed) == {f"{p}_to_target_s": None for p in time_split.PARTS}
+
+
+def test_the_split_is_read_at_the_crossing_between_two_evaluations(tmp_path):
+    run = _records(tmp_path, [1, 2, 3, 4])
+    # a quarter of the way from step 2 (0.3 s of steps) to step 4 (1.0 s): 0.475 s, split 40/40/10/10
+    fields = time_split.row_fields(run, Crossing({"step": 2}, {"step": 4}, 0.25))
+    assert fields["rollout_to_target_s"] == pytest.approx(0.4 * 0.475)
+    assert fields["select_to_target_s"] == pytest.approx(0.1 * 0.475)
+    assert sum(fields.values()) == pytest.approx(0.475)
+    # met at the first evaluation (no evaluation below the target): that evaluation's sums
+    assert sum(time_split.row_fields(run, Crossing(None, {"step": 3}, 1.0)).values()) == pytest.approx(0.6)
 
 
 def _row(method, seed, tts, update, rollout, select=0.0):

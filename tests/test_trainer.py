@@ -176,11 +176,13 @@ def test_time_to_target_reads_every_cumulative_figure_at_the_same_point():
     evals = [dict(e, tokens_sampled=100 * e["step"] ** 2) for e in EVALS]
     hit = crossing(evals, 0.2)
     assert hit.before is evals[0] and hit.hit is evals[1] and hit.fraction == pytest.approx(0.5)
+    assert hit.steps == (0, 10)
     # linear between the two evaluations, whatever the figure's own curve: 0 -> 10,000 tokens
     assert hit.of("tokens_sampled") == pytest.approx(5000.0)
     assert hit.of("missing") is None
     first = crossing(evals, 0.1)
     assert first.before is None and first.of("elapsed_s") == 0.0 and first.of("step") == 0
+    assert first.steps == (0, 0)
 
 
 def test_time_to_target_empty():
