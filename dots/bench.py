@@ -463,11 +463,25 @@ def paired_ratios(mine: list[dict], base: list[dict], key: str) -> dict:
             "ci90": median_interval(ratios)}
 
 
+def paired_differences(mine: list[dict], base: list[dict], key: str) -> dict:
+    """Seed-paired differences of `key` (mine − base): their median, the per-seed values and a
+    90% bootstrap interval of the median. Why beside the time ratios: an arm can reach grpo's
+    end point sooner and still end lower (a switch that trades the end point for an earlier
+    crossing); the end point's own paired interval says whether it does, by more than noise."""
+    by_seed = {r["seed"]: r for r in base}
+    diffs = [float(r[key] - by_seed[r["seed"]][key]) for r in mine
+             if r.get(key) is not None and by_seed.get(r["seed"], {}).get(key) is not None]
+    return {"median": float(np.median(diffs)) if diffs else None, "per_seed": diffs,
+            "ci90": median_interval(diffs)}
+
+
 def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] = (),
               baseline_rows: dict[str, list[dict]] | None = None) -> dict:
     """Per arm: medians over seeds, their min–max spread, seed-paired ratios to grpo and, where
     the peer baselines or their variants ran, to each of them (`<ratio>_vs_<peer>`, see
-    `peer_arms`); a variant also to its own method (`<ratio>_vs_<method>`). A variant of grpo
+    `peer_arms`); a variant also to its own method (`<ratio>_vs_<method>`); beside each pairing's
+    ratios, the paired difference of the smoothed end points (`end_point_diff<suffix>`,
+    `paired_differences`). A variant of grpo
     is another baseline: every other arm gets its ratios to it too (`<ratio>_vs_<label>`), e.g.
     to grpo as a plain trainer runs it.
 
@@ -506,6 +520,10 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
                 stats[name + suffix] = pr["median"]
                 stats[f"{name}{suffix}_per_seed"] = pr["per_seed"]
                 stats[f"{name}{suffix}_ci90"] = pr["ci90"]
+            ep = paired_differences(mine_b, base, "final_smoothed")  # the smoothed end point, as the target
+            stats[f"end_point_diff{suffix}"] = ep["median"]
+            stats[f"end_point_diff{suffix}_per_seed"] = ep["per_seed"]
+            stats[f"end_point_diff{suffix}_ci90"] = ep["ci90"]
         stats.update(time_split.ratios_to_grpo(mine, grpo))
         out[m] = stats
     return out
@@ -686,17 +704,31 @@ def _ci(v, ci, fmt: str) -> str:
     return _f(v, fmt) + ("" if not ci else f" [{_f(ci[0], fmt)}–{_f(ci[1], fmt)}]")
 
 
+def _end_point(stats: dict, suffix: str = "") -> str:
+    """The paired end-point difference and its interval, signed (`paired_differences`)."""
+    return _ci(stats.get(f"end_point_diff{suffix}"), stats.get(f"end_point_diff{suffix}_ci90"), "+.3f")
+
+
+def _lower_on(stats: dict, suffix: str = "") -> str:
+    """On how many seeds the arm ended below its base: "15/20"."""
+    diffs = stats.get(f"end_point_diff{suffix}_per_seed") or []
+    return f"{sum(d < 0 for d in diffs)}/{len(diffs)}" if diffs else "—"
+
+
 def _against(summary: dict, methods: list[str], bases: list[str], title: str) -> list[str]:
     """A table section: every other arm's time and token ratios to each of `bases`."""
-    lines = ["", f"{title}: ratios paired by seed, with 90% bootstrap intervals:", "",
+    lines = ["", f"{title}: ratios and end-point differences paired by seed, with 90% bootstrap intervals:",
+             "",
              "| method | " + " | ".join(f"{label} / {b}" for b in bases for label in
-                                       ("time", "load-adjusted time", "tokens sampled", "tokens trained")) + " |",
-             "|" + "---|" * (1 + 4 * len(bases))]
+                                       ("time", "load-adjusted time", "tokens sampled", "tokens trained"))
+             + " | " + " | ".join(f"end point − {b}" for b in bases) + " |",
+             "|" + "---|" * (1 + 5 * len(bases))]
     for m in methods:
         s = summary[m]
         cells = [_ci(s.get(f"{n}_vs_{b}"), s.get(f"{n}_vs_{b}_ci90"), ".2f") for b in bases
                  for n in ("time_to_target_ratio", "time_to_target_adjusted_ratio", "tokens_sampled_ratio",
                            "tokens_trained_ratio")]
+        cells += [_end_point(s, f"_vs_{b}") for b in bases]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return lines
 
@@ -716,15 +748,17 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
                      f"{_f(r['select_s'], '.3f')} | {_f(r['s_per_group_trained'], '.4f')} | "
                      f"{_f(r['effective_ratio'], '.2f')} | {_f(r['staleness'], '.1f')} | "
                      f"{_f(r['dots_pearson'], '.2f')} |")
-    lines += ["", "Medians over seeds; ratios to grpo are paired by seed, with 90% bootstrap intervals:", "",
+    lines += ["", "Medians over seeds; ratios and end-point differences to grpo are paired by seed, "
+              "with 90% bootstrap intervals:", "",
               "| method | time ratio | load-adjusted time ratio | steps ratio | tokens-sampled ratio "
-              "| tokens-trained ratio | time-to-target (s) | final acc | step (s) | s / group trained "
-              "| effective ratio | staleness | dots/pearson | reached |", "|" + "---|" * 14]
+              "| tokens-trained ratio | time-to-target (s) | final acc | end point − grpo | step (s) "
+              "| s / group trained | effective ratio | staleness | dots/pearson | reached |",
+              "|" + "---|" * 15]
     for m in methods:
         s = summary[m]
         lines.append(f"| {m} | " + " | ".join(_ci(s.get(n), s.get(f"{n}_ci90"), ".2f") for _, n in RATIOS) +
                      f" | {_f(s['time_to_target_s'], '.1f')} | {_f(s['final_smoothed'], '.3f')} | "
-                     f"{_f(s['step_s'], '.3f')} | {_f(s['s_per_group_trained'], '.4f')} | "
+                     f"{_end_point(s)} | {_f(s['step_s'], '.3f')} | {_f(s['s_per_group_trained'], '.4f')} | "
                      f"{_f(s['effective_ratio'], '.2f')} | {_f(s['staleness'], '.1f')} | "
                      f"{_f(s['dots_pearson'], '.2f')} | {s['reached_target']}/{len(s['seeds'])} |")
     lines += time_split.render(summary, methods, lambda v: _f(v, ".2f"))
@@ -742,12 +776,15 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
                          f"{_f(s['short_share'], '.3f')} | {_f(s['skip_prob'], '.3f')} |")
     variants = [m for m in methods if summary[m].get("variant_of")]
     if variants:
-        lines += ["", "Variants against their own method: ratios paired by seed, with 90% bootstrap intervals:", "",
-                  "| variant | params | time | load-adjusted time | steps | tokens sampled | tokens trained |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["", "Variants against their own method: ratios and end-point differences paired by seed, "
+                  "with 90% bootstrap intervals:", "",
+                  "| variant | params | time | load-adjusted time | steps | tokens sampled | tokens trained "
+                  "| end point − its method | ended lower on |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for m in variants:
             s, base = summary[m], summary[m]["variant_of"]
             cells = [_ci(s.get(f"{n}_vs_{base}"), s.get(f"{n}_vs_{base}_ci90"), ".2f") for _, n in RATIOS]
+            cells += [_end_point(s, f"_vs_{base}"), _lower_on(s, f"_vs_{base}")]
             lines.append(f"| {m} | {base} with {', '.join(s['overrides'])} | " + " | ".join(cells) + " |")
     other_bases = [m for m in grpo_baselines(summary) if m in methods]
     if other_bases:

@@ -778,6 +778,36 @@ def test_a_variant_is_paired_with_its_own_method_by_seed_and_gets_its_own_table(
     assert "0.75 [" in line
 
 
+def test_end_points_are_paired_by_seed_beside_the_ratios_and_a_variant_says_where_it_ended_lower():
+    """A variant can reach grpo's end point sooner and still end below its own method: the
+    summary holds the seed-paired difference of the smoothed end points, with its interval, to
+    grpo and to the variant's method, and the tables print it with the seeds it ended lower on."""
+    from dots.config import Config
+
+    v = bench.Variant("d25", "dots_rr", ("replay.delta_by_method.dots_rr=0.25",))
+    ends = [(0.30, 0.40, 0.39), (0.28, 0.41, 0.42), (0.29, 0.38, 0.36), (0.27, 0.39, 0.38)]
+    rows = []
+    for seed, (g, d, e) in enumerate(ends):
+        rows += [_row("grpo", seed, 10.0, 100), _row("dots_rr", seed, 5.0, 60), _row("d25", seed, 4.8, 58)]
+        for r, end in zip(rows[-3:], (g, d, e)):
+            r["final_smoothed"] = end
+    arms = bench.arms(["grpo", "dots_rr"], [v])
+    s = bench.summarize(rows, arms, [v])
+    assert s["dots_rr"]["end_point_diff_per_seed"] == pytest.approx([0.10, 0.13, 0.09, 0.12])
+    assert s["dots_rr"]["end_point_diff"] == pytest.approx(0.11)  # median of the four
+    low, high = s["dots_rr"]["end_point_diff_ci90"]
+    assert 0.09 - 1e-12 <= low <= 0.11 <= high <= 0.13 + 1e-12
+    assert s["d25"]["end_point_diff_vs_dots_rr_per_seed"] == pytest.approx([-0.01, 0.01, -0.02, -0.01])
+    assert s["d25"]["end_point_diff_vs_dots_rr"] == pytest.approx(-0.01)
+    assert s["grpo"]["end_point_diff"] == 0.0 and "end_point_diff_vs_dots_rr" not in s["dots_rr"]
+    table = bench.render(rows, s, bench.goals(s, Config(), None, rows), arms)
+    medians = table.split("Medians over seeds")[1]
+    assert "| final acc | end point − grpo |" in medians
+    assert next(x for x in medians.splitlines() if x.startswith("| dots_rr |")).split(" | ")[8].startswith("+0.110 [")
+    line = next(x for x in table.splitlines() if x.startswith("| d25 | dots_rr with "))
+    assert line.split(" | ")[-2].startswith("-0.010 [") and line.endswith("| 3/4 |")
+
+
 def test_a_variant_of_grpo_is_a_baseline_every_other_arm_is_compared_with():
     """`grpo_all=grpo:train.skip_degenerate=false` (grpo as a plain trainer runs it): dots_rr's
     ratios to it, paired by seed, beside those to the bench's grpo, and their own table."""
@@ -865,6 +895,10 @@ def test_mlflow_holds_every_ratio_an_arm_was_paired_with_and_no_other(tmp_path, 
     assert logged["bench/time_to_target_ratio_vs_dots_rr/dots_rr_lr6e4"] == pytest.approx(
         summary["dots_rr_lr6e4"]["time_to_target_ratio_vs_dots_rr"])
     assert "bench/time_to_target_ratio_vs_dots_rr_lr6e4/greso" not in logged  # a dots_rr variant is no baseline
+    metrics = client.get_run(parent).data.metrics  # the end points' paired differences beside the ratios
+    assert metrics["bench/end_point_diff_vs_dots_rr/dots_rr_lr6e4"] == pytest.approx(
+        summary["dots_rr_lr6e4"]["end_point_diff_vs_dots_rr"])
+    assert metrics["bench/end_point_diff/dots_rr"] == pytest.approx(summary["dots_rr"]["end_point_diff"])
 
 
 def test_a_grpo_variant_is_a_baseline_against_its_own_end_point():
