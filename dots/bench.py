@@ -59,7 +59,7 @@ from .config import BENCH_METHODS, METHODS, TRAITS, Config, ConfigError, with_ov
 from .machine_load import adjusted_seconds, round_loads
 from .progress import say
 from .runfiles import json_safe
-from .runfiles import Crossing, crossing, final_smoothed, step_seconds
+from .runfiles import Crossing, crossing, final_smoothed, smoothed, step_seconds
 
 RESULTS = Path("results/bench")
 SHARED_SECTIONS = ("task", "model", "warmup", "embed", "label", "predictor", "rollout", "selection.ref_size")
@@ -363,6 +363,8 @@ def run_row(cfg: Config, seed: int, label: str, target: float | None, variants: 
            "tokens_sampled_to_target": None if hit is None else hit.of("tokens_sampled"),
            "tokens_trained_to_target": None if hit is None else hit.of("tokens_trained"),
            "initial_accuracy": acc[0], "final_smoothed": final_smoothed(evals, cfg.eval.smooth), "gain": gain,
+           # the smoothed curve against training seconds: accuracy at equal time (`equal_time_differences`)
+           "curve_s": [e["elapsed_s"] for e in evals], "curve_smoothed": smoothed(evals, cfg.eval.smooth),
            "early_gain_share": (early["accuracy"] - acc[0]) / gain if gain > 0 else None,
            "gain_se": gain / evals[-1]["accuracy_se"] if evals[-1].get("accuracy_se") else None,
            "frontier_min": min(frontier) if frontier else None,
@@ -475,13 +477,34 @@ def paired_differences(mine: list[dict], base: list[dict], key: str) -> dict:
             "ci90": median_interval(diffs)}
 
 
+def equal_time_differences(mine: list[dict], base: list[dict]) -> dict:
+    """Seed-paired differences of smoothed accuracy at equal training seconds: on each seed, both
+    runs' smoothed curves read at the shorter run's last second (linear between evaluations, as
+    the time to target is), mine − base; median, per seed and 90% bootstrap interval. Why: time to
+    `grpo`'s end point says who clears one bar first and the end points who is ahead after the
+    same steps, but an arm that spends 3x the seconds a step can end higher without being better
+    for the compute; this is the figure at the same compute. Rows without a curve are left out."""
+    by_seed = {r["seed"]: r for r in base}
+    diffs = []
+    for r in mine:
+        b = by_seed.get(r["seed"])
+        if not r.get("curve_s") or not b or not b.get("curve_s"):
+            continue
+        t = min(r["curve_s"][-1], b["curve_s"][-1])
+        diffs.append(float(np.interp(t, r["curve_s"], r["curve_smoothed"])
+                           - np.interp(t, b["curve_s"], b["curve_smoothed"])))
+    return {"median": float(np.median(diffs)) if diffs else None, "per_seed": diffs,
+            "ci90": median_interval(diffs)}
+
+
 def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] = (),
               baseline_rows: dict[str, list[dict]] | None = None) -> dict:
     """Per arm: medians over seeds, their min–max spread, seed-paired ratios to grpo and, where
     the peer baselines or their variants ran, to each of them (`<ratio>_vs_<peer>`, see
     `peer_arms`); a variant also to its own method (`<ratio>_vs_<method>`); beside each pairing's
     ratios, the paired difference of the smoothed end points (`end_point_diff<suffix>`,
-    `paired_differences`). A variant of grpo
+    `paired_differences`) and of the accuracy at equal seconds (`equal_time_diff<suffix>`,
+    `equal_time_differences`). A variant of grpo
     is another baseline: every other arm gets its ratios to it too (`<ratio>_vs_<label>`), e.g.
     to grpo as a plain trainer runs it.
 
@@ -524,6 +547,10 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
             stats[f"end_point_diff{suffix}"] = ep["median"]
             stats[f"end_point_diff{suffix}_per_seed"] = ep["per_seed"]
             stats[f"end_point_diff{suffix}_ci90"] = ep["ci90"]
+            et = equal_time_differences(mine_b, base)
+            stats[f"equal_time_diff{suffix}"] = et["median"]
+            stats[f"equal_time_diff{suffix}_per_seed"] = et["per_seed"]
+            stats[f"equal_time_diff{suffix}_ci90"] = et["ci90"]
         stats.update(time_split.ratios_to_grpo(mine, grpo))
         out[m] = stats
     return out
@@ -709,6 +736,11 @@ def _end_point(stats: dict, suffix: str = "") -> str:
     return _ci(stats.get(f"end_point_diff{suffix}"), stats.get(f"end_point_diff{suffix}_ci90"), "+.3f")
 
 
+def _equal_time(stats: dict, suffix: str = "") -> str:
+    """The paired accuracy difference at equal seconds and its interval (`equal_time_differences`)."""
+    return _ci(stats.get(f"equal_time_diff{suffix}"), stats.get(f"equal_time_diff{suffix}_ci90"), "+.3f")
+
+
 def _lower_on(stats: dict, suffix: str = "") -> str:
     """On how many seeds the arm ended below its base: "15/20"."""
     diffs = stats.get(f"end_point_diff{suffix}_per_seed") or []
@@ -721,14 +753,15 @@ def _against(summary: dict, methods: list[str], bases: list[str], title: str) ->
              "",
              "| method | " + " | ".join(f"{label} / {b}" for b in bases for label in
                                        ("time", "load-adjusted time", "tokens sampled", "tokens trained"))
-             + " | " + " | ".join(f"end point − {b}" for b in bases) + " |",
-             "|" + "---|" * (1 + 5 * len(bases))]
+             + " | " + " | ".join(f"{label} − {b}" for b in bases
+                                  for label in ("end point", "at equal time")) + " |",
+             "|" + "---|" * (1 + 6 * len(bases))]
     for m in methods:
         s = summary[m]
         cells = [_ci(s.get(f"{n}_vs_{b}"), s.get(f"{n}_vs_{b}_ci90"), ".2f") for b in bases
                  for n in ("time_to_target_ratio", "time_to_target_adjusted_ratio", "tokens_sampled_ratio",
                            "tokens_trained_ratio")]
-        cells += [_end_point(s, f"_vs_{b}") for b in bases]
+        cells += [f(s, f"_vs_{b}") for b in bases for f in (_end_point, _equal_time)]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return lines
 
@@ -751,14 +784,16 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
     lines += ["", "Medians over seeds; ratios and end-point differences to grpo are paired by seed, "
               "with 90% bootstrap intervals:", "",
               "| method | time ratio | load-adjusted time ratio | steps ratio | tokens-sampled ratio "
-              "| tokens-trained ratio | time-to-target (s) | final acc | end point − grpo | step (s) "
-              "| s / group trained | effective ratio | staleness | dots/pearson | reached |",
-              "|" + "---|" * 15]
+              "| tokens-trained ratio | time-to-target (s) | final acc | end point − grpo "
+              "| at equal time − grpo | step (s) | s / group trained | effective ratio | staleness "
+              "| dots/pearson | reached |",
+              "|" + "---|" * 16]
     for m in methods:
         s = summary[m]
         lines.append(f"| {m} | " + " | ".join(_ci(s.get(n), s.get(f"{n}_ci90"), ".2f") for _, n in RATIOS) +
                      f" | {_f(s['time_to_target_s'], '.1f')} | {_f(s['final_smoothed'], '.3f')} | "
-                     f"{_end_point(s)} | {_f(s['step_s'], '.3f')} | {_f(s['s_per_group_trained'], '.4f')} | "
+                     f"{_end_point(s)} | {_equal_time(s)} | {_f(s['step_s'], '.3f')} | "
+                     f"{_f(s['s_per_group_trained'], '.4f')} | "
                      f"{_f(s['effective_ratio'], '.2f')} | {_f(s['staleness'], '.1f')} | "
                      f"{_f(s['dots_pearson'], '.2f')} | {s['reached_target']}/{len(s['seeds'])} |")
     lines += time_split.render(summary, methods, lambda v: _f(v, ".2f"))
@@ -779,12 +814,13 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
         lines += ["", "Variants against their own method: ratios and end-point differences paired by seed, "
                   "with 90% bootstrap intervals:", "",
                   "| variant | params | time | load-adjusted time | steps | tokens sampled | tokens trained "
-                  "| end point − its method | ended lower on |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| end point − its method | ended lower on | at equal time − its method |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for m in variants:
             s, base = summary[m], summary[m]["variant_of"]
             cells = [_ci(s.get(f"{n}_vs_{base}"), s.get(f"{n}_vs_{base}_ci90"), ".2f") for _, n in RATIOS]
-            cells += [_end_point(s, f"_vs_{base}"), _lower_on(s, f"_vs_{base}")]
+            vs = f"_vs_{base}"
+            cells += [_end_point(s, vs), _lower_on(s, vs), _equal_time(s, vs)]
             lines.append(f"| {m} | {base} with {', '.join(s['overrides'])} | " + " | ".join(cells) + " |")
     other_bases = [m for m in grpo_baselines(summary) if m in methods]
     if other_bases:

@@ -425,13 +425,13 @@ def log_bench(cfg: Config, result: dict, artifacts: list[Path]) -> str:
         # DVC lineage)
         paired = [k for k in stats
                   if k.startswith(("time_to_target_ratio_vs_", "time_to_target_adjusted_ratio_vs_",
-                                   "end_point_diff_vs_"))
+                                   "end_point_diff_vs_", "equal_time_diff_vs_"))
                   and not k.endswith(("_per_seed", "_ci90"))]
         for key in ("time_to_target_s", "time_to_target_ratio", "time_to_target_adjusted_s",
                     "time_to_target_adjusted_ratio", "steps_to_target", "final_accuracy", "step_s",
                     "effective_ratio", "dots_pearson", "pearson_ceiling", "tokens_sampled_ratio",
                     "tokens_trained_ratio", "rollouts_per_step", "rollout_time_ratio", "update_time_ratio",
-                    "select_time_ratio", "end_point_diff", *paired):
+                    "select_time_ratio", "end_point_diff", "equal_time_diff", *paired):
             value = stats.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value):
                 metrics.append(Metric(f"bench/{key}/{method}", float(value), now, 0))

@@ -121,6 +121,20 @@ def test_bench_flow_writes_summary_table_and_plot(bench_run):
         stats = summary["summary"][m]
         for _, name in bench.RATIOS:
             assert name in stats and f"{name}_ci90" in stats, (m, name)
+    # the end points and the accuracy at equal seconds, paired by seed from the runs' own curves
+    grpo_runs = {r["seed"]: r for r in summary["runs"] if r["method"] == "grpo"}
+    mine_runs = [r for r in summary["runs"] if r["method"] == "dots_rr"]  # the summary's pairing order
+    at_equal, ends = [], []
+    for mine in mine_runs:
+        base = grpo_runs[mine["seed"]]
+        assert mine["curve_smoothed"][-1] == pytest.approx(mine["final_smoothed"])
+        t = min(mine["curve_s"][-1], base["curve_s"][-1])
+        at_equal.append(np.interp(t, mine["curve_s"], mine["curve_smoothed"])
+                        - np.interp(t, base["curve_s"], base["curve_smoothed"]))
+        ends.append(mine["final_smoothed"] - base["final_smoothed"])
+    assert summary["summary"]["dots_rr"]["equal_time_diff_per_seed"] == pytest.approx(at_equal)
+    assert summary["summary"]["dots_rr"]["end_point_diff_per_seed"] == pytest.approx(ends)
+    assert "| end point − grpo | at equal time − grpo |" in table
     for row in summary["runs"]:
         # the target is grpo's smoothed end point of the same seed
         assert row["target_accuracy"] == pytest.approx(summary["targets"][str(row["seed"])])
@@ -800,12 +814,35 @@ def test_end_points_are_paired_by_seed_beside_the_ratios_and_a_variant_says_wher
     assert s["d25"]["end_point_diff_vs_dots_rr_per_seed"] == pytest.approx([-0.01, 0.01, -0.02, -0.01])
     assert s["d25"]["end_point_diff_vs_dots_rr"] == pytest.approx(-0.01)
     assert s["grpo"]["end_point_diff"] == 0.0 and "end_point_diff_vs_dots_rr" not in s["dots_rr"]
+    assert s["dots_rr"]["equal_time_diff"] is None  # rows without curves: no figure at equal time
     table = bench.render(rows, s, bench.goals(s, Config(), None, rows), arms)
     medians = table.split("Medians over seeds")[1]
-    assert "| final acc | end point − grpo |" in medians
+    assert "| final acc | end point − grpo | at equal time − grpo |" in medians
     assert next(x for x in medians.splitlines() if x.startswith("| dots_rr |")).split(" | ")[8].startswith("+0.110 [")
     line = next(x for x in table.splitlines() if x.startswith("| d25 | dots_rr with "))
-    assert line.split(" | ")[-2].startswith("-0.010 [") and line.endswith("| 3/4 |")
+    assert line.split(" | ")[-3].startswith("-0.010 [") and line.endswith("| 3/4 | — |")
+
+
+def test_accuracy_at_equal_time_reads_both_curves_at_the_shorter_runs_last_second():
+    """A peer that spends 3x the seconds a step can end higher and still be behind at the same
+    compute: each seed's pair is read at the shorter run's last second, linearly between
+    evaluations, on the smoothed curves."""
+    from dots.config import Config
+
+    rows = []
+    for seed, slow_end in enumerate([0.50, 0.48, 0.52]):
+        fast = _row("dots_rr", seed, 5.0, 60)  # 0 .. 10 s, smoothed 0.1 -> 0.4
+        fast.update(curve_s=[0.0, 5.0, 10.0], curve_smoothed=[0.1, 0.3, 0.4])
+        slow = _row("dapo", seed, 15.0, 50)  # 0 .. 30 s: at 10 s a third of the way from 0.1 to 0.25
+        slow.update(curve_s=[0.0, 15.0, 30.0], curve_smoothed=[0.1, 0.25, slow_end])
+        rows += [_row("grpo", seed, 10.0, 100), fast, slow]
+    s = bench.summarize(rows, ["grpo", "dots_rr", "dapo"])
+    assert s["dots_rr"]["equal_time_diff_vs_dapo_per_seed"] == pytest.approx([0.4 - 0.2] * 3)
+    assert s["dapo"]["equal_time_diff_per_seed"] == []  # grpo's rows have no curve
+    table = bench.render(rows, s, bench.goals(s, Config(), None, rows), ["grpo", "dots_rr", "dapo"])
+    peers = table.split("Against the peer baselines")[1].split("How the peers sample")[0]
+    assert "| end point − dapo | at equal time − dapo |" in peers
+    assert next(x for x in peers.splitlines() if x.startswith("| dots_rr |")).endswith("| +0.200 [+0.200–+0.200] |")
 
 
 def test_a_variant_of_grpo_is_a_baseline_every_other_arm_is_compared_with():
@@ -899,6 +936,7 @@ def test_mlflow_holds_every_ratio_an_arm_was_paired_with_and_no_other(tmp_path, 
     assert metrics["bench/end_point_diff_vs_dots_rr/dots_rr_lr6e4"] == pytest.approx(
         summary["dots_rr_lr6e4"]["end_point_diff_vs_dots_rr"])
     assert metrics["bench/end_point_diff/dots_rr"] == pytest.approx(summary["dots_rr"]["end_point_diff"])
+    assert "bench/equal_time_diff/dots_rr" not in metrics  # hand-made rows without curves: nothing to log
 
 
 def test_a_grpo_variant_is_a_baseline_against_its_own_end_point():
