@@ -4,7 +4,8 @@ Why: a figure we publish must survive a second run. Issue 11's bar is two clean-
 runs of one commit giving median time ratios within 0.10 of each other for every method, and
 until now that check was done by hand from two `summary.json` files. This module does it the
 same way every time, and also checks what no machine's load can move: each run's steps and
-tokens to target must be identical (a run's numbers are deterministic for one build; a mismatch
+tokens to target, and its smoothed end point, must be identical (a run's numbers are
+deterministic for one build; a mismatch
 means another commit, another build or another config, and then the seconds are not comparable
 either).
 
@@ -22,7 +23,8 @@ import numpy as np
 
 TOLERANCE = 0.10  # issue 11: median ratios of two benches of one commit within 0.10
 TIME_RATIOS = ("time_to_target_ratio", "time_to_target_adjusted_ratio")
-DETERMINISTIC = ("steps_to_target", "tokens_sampled_to_target", "tokens_trained_to_target")
+# what no load can move: the end point too, since the bench pairs it by seed (`end_point_diff`)
+DETERMINISTIC = ("steps_to_target", "tokens_sampled_to_target", "tokens_trained_to_target", "final_smoothed")
 MOVED = 0.05  # a run whose seconds moved 5% apart from its seed's other arms is named
 
 
@@ -64,7 +66,7 @@ def _runs(summary: dict) -> dict[tuple[str, int], dict]:
 
 def compare_benches(a: dict, b: dict, tolerance: float = TOLERANCE) -> dict:
     """Every median time ratio of two benches side by side with its difference, and every run whose
-    steps or tokens to target differ. `within` is True when no ratio differs by more than
+    steps, tokens to target or end point differ. `within` is True when no ratio differs by more than
     `tolerance` and every run is identical."""
     for key in ("methods", "seeds", "steps"):
         if a.get(key) != b.get(key):
@@ -173,7 +175,7 @@ def render_comparison(result: dict, label_a: str = "A", label_b: str = "B") -> s
         lines += [f"- {m['method']} seed {m['seed']}: {m['field']} {m['a']} against {m['b']}"
                   for m in result["mismatched_runs"]]
     else:
-        lines.append("Steps and tokens to target: identical for every run.")
+        lines.append("Steps and tokens to target, and end points: identical for every run.")
     if result["moved_runs"]:
         lines.append(f"Runs whose seconds moved more than {MOVED:.0%} apart from their seed's other arms "
                      f"({result['moved_runs'][0]['seconds']}, B / A over the seed's median):")

@@ -84,6 +84,22 @@ def test_runs_whose_steps_or_tokens_differ_are_listed_and_fail_the_comparison():
     assert "dots_rr seed 0: steps_to_target 170 against 180" in render_comparison(result)
 
 
+def test_a_run_whose_end_point_differs_is_listed_and_fails_the_comparison():
+    """The end point is as deterministic as the steps (the bench pairs it by seed): two benches of
+    one build whose runs end apart are not of the same runs, even with the same steps to target."""
+    a = _summary()
+    for r in a["runs"]:
+        r["final_smoothed"] = 0.3
+    b = copy.deepcopy(a)
+    b["runs"][3]["final_smoothed"] = 0.31
+    result = compare_benches(a, b)
+    assert not result["within"]
+    assert result["mismatched_runs"] == [{"method": "dots_rr", "seed": 1, "field": "final_smoothed",
+                                          "a": 0.3, "b": 0.31}]
+    assert compare_benches(a, copy.deepcopy(a))["within"]
+    assert "end points: identical for every run" in render_comparison(compare_benches(a, copy.deepcopy(a)))
+
+
 def test_benches_of_other_methods_seeds_or_budgets_are_refused_naming_the_field():
     a = _summary()
     for key, value in (("methods", ["grpo", "dots_rr"]), ("seeds", [0, 1, 2]), ("steps", 200)):
