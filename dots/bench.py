@@ -460,9 +460,14 @@ def paired_ratios(mine: list[dict], base: list[dict], key: str) -> dict:
     by_seed = {r["seed"]: r for r in base}
     ratios = [_paired_ratio(r.get(key), by_seed[r["seed"]].get(key) if r["seed"] in by_seed else None)
               for r in mine]
-    ratios = [x for x in ratios if x is not None]
-    return {"median": float(np.median(ratios)) if ratios else None, "per_seed": ratios,
-            "ci90": median_interval(ratios)}
+    return _paired([x for x in ratios if x is not None])
+
+
+def _paired(values: list[float]) -> dict:
+    """Per-seed values as the summary holds them: their median, the values, a 90% bootstrap
+    interval of the median."""
+    return {"median": float(np.median(values)) if values else None, "per_seed": values,
+            "ci90": median_interval(values)}
 
 
 def paired_differences(mine: list[dict], base: list[dict], key: str) -> dict:
@@ -471,10 +476,8 @@ def paired_differences(mine: list[dict], base: list[dict], key: str) -> dict:
     end point sooner and still end lower (a switch that trades the end point for an earlier
     crossing); the end point's own paired interval says whether it does, by more than noise."""
     by_seed = {r["seed"]: r for r in base}
-    diffs = [float(r[key] - by_seed[r["seed"]][key]) for r in mine
-             if r.get(key) is not None and by_seed.get(r["seed"], {}).get(key) is not None]
-    return {"median": float(np.median(diffs)) if diffs else None, "per_seed": diffs,
-            "ci90": median_interval(diffs)}
+    return _paired([float(r[key] - by_seed[r["seed"]][key]) for r in mine
+                    if r.get(key) is not None and by_seed.get(r["seed"], {}).get(key) is not None])
 
 
 def equal_time_differences(mine: list[dict], base: list[dict]) -> dict:
@@ -493,8 +496,7 @@ def equal_time_differences(mine: list[dict], base: list[dict]) -> dict:
         t = min(r["curve_s"][-1], b["curve_s"][-1])
         diffs.append(float(np.interp(t, r["curve_s"], r["curve_smoothed"])
                            - np.interp(t, b["curve_s"], b["curve_smoothed"])))
-    return {"median": float(np.median(diffs)) if diffs else None, "per_seed": diffs,
-            "ci90": median_interval(diffs)}
+    return _paired(diffs)
 
 
 def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] = (),
@@ -748,8 +750,9 @@ def _lower_on(stats: dict, suffix: str = "") -> str:
 
 
 def _against(summary: dict, methods: list[str], bases: list[str], title: str) -> list[str]:
-    """A table section: every other arm's time and token ratios to each of `bases`."""
-    lines = ["", f"{title}: ratios and end-point differences paired by seed, with 90% bootstrap intervals:",
+    """A table section: every other arm's time and token ratios to each of `bases`, then its end
+    point and accuracy at equal seconds against each."""
+    lines = ["", f"{title}: ratios and accuracy differences paired by seed, with 90% bootstrap intervals:",
              "",
              "| method | " + " | ".join(f"{label} / {b}" for b in bases for label in
                                        ("time", "load-adjusted time", "tokens sampled", "tokens trained"))
@@ -781,7 +784,7 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
                      f"{_f(r['select_s'], '.3f')} | {_f(r['s_per_group_trained'], '.4f')} | "
                      f"{_f(r['effective_ratio'], '.2f')} | {_f(r['staleness'], '.1f')} | "
                      f"{_f(r['dots_pearson'], '.2f')} |")
-    lines += ["", "Medians over seeds; ratios and end-point differences to grpo are paired by seed, "
+    lines += ["", "Medians over seeds; ratios and accuracy differences to grpo are paired by seed, "
               "with 90% bootstrap intervals:", "",
               "| method | time ratio | load-adjusted time ratio | steps ratio | tokens-sampled ratio "
               "| tokens-trained ratio | time-to-target (s) | final acc | end point − grpo "
@@ -811,7 +814,7 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
                          f"{_f(s['short_share'], '.3f')} | {_f(s['skip_prob'], '.3f')} |")
     variants = [m for m in methods if summary[m].get("variant_of")]
     if variants:
-        lines += ["", "Variants against their own method: ratios and end-point differences paired by seed, "
+        lines += ["", "Variants against their own method: ratios and accuracy differences paired by seed, "
                   "with 90% bootstrap intervals:", "",
                   "| variant | params | time | load-adjusted time | steps | tokens sampled | tokens trained "
                   "| end point − its method | ended lower on | at equal time − its method |",
