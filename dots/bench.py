@@ -540,19 +540,13 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
             arm_rows = runs_vs.get(b, runs)
             pairs.append((arm_rows[m], arm_rows[b], f"_vs_{b}"))
         for mine_b, base, suffix in pairs:
-            for key, name in RATIOS:
-                pr = paired_ratios(mine_b, base, key)
+            figures = [(name, paired_ratios(mine_b, base, key)) for key, name in RATIOS]
+            figures += [("end_point_diff", paired_differences(mine_b, base, "final_smoothed")),  # as the target
+                        ("equal_time_diff", equal_time_differences(mine_b, base))]
+            for name, pr in figures:
                 stats[name + suffix] = pr["median"]
                 stats[f"{name}{suffix}_per_seed"] = pr["per_seed"]
                 stats[f"{name}{suffix}_ci90"] = pr["ci90"]
-            ep = paired_differences(mine_b, base, "final_smoothed")  # the smoothed end point, as the target
-            stats[f"end_point_diff{suffix}"] = ep["median"]
-            stats[f"end_point_diff{suffix}_per_seed"] = ep["per_seed"]
-            stats[f"end_point_diff{suffix}_ci90"] = ep["ci90"]
-            et = equal_time_differences(mine_b, base)
-            stats[f"equal_time_diff{suffix}"] = et["median"]
-            stats[f"equal_time_diff{suffix}_per_seed"] = et["per_seed"]
-            stats[f"equal_time_diff{suffix}_ci90"] = et["ci90"]
         stats.update(time_split.ratios_to_grpo(mine, grpo))
         out[m] = stats
     return out
