@@ -6,8 +6,9 @@ Each seed task is a thin wrapper over `dots.bench.run_seed` (its arms in lockste
 of its own when `bench.workers` seeds train at once; the tasks are then called from worker
 threads, each in a copy of the flow's context); a retried task reads back the runs that
 finished and resumes the others from their checkpoints. The flow measures each
-task's wall-clock from outside and writes the difference to the runs' own wall-clock into
-their summaries as `orchestration_s`, so the report can say what Prefect adds to training.
+task's wall-clock from outside and writes the difference to the runs' own wall-clock (less the
+seed process's start, which is the bench's own: `process_start_s`) into their summaries as
+`orchestration_s`, so the report can say what Prefect adds to training.
 """
 
 from __future__ import annotations
@@ -58,7 +59,11 @@ def orchestration_per_group(outside: float, summaries: dict[str, dict]) -> float
     """A seed task's seconds outside training, per training call. The runs of one lockstep
     group share one wall-clock (the longest of theirs); groups run one after another (on a GPU
     each run is its own group), so training is the sum of the groups' wall-clocks, and each
-    group is charged its share of the rest. None when no run reports its wall-clock."""
+    group is charged its share of the rest. None when no run reports its wall-clock.
+
+    The seed process's start (`process_start_s`: spawning it and importing torch, transformers and
+    the training code, `dots.bench.train_seed`) is not Prefect's: `dots bench` pays it without
+    Prefect. It is left out here and reported apart, so this figure is what the task adds."""
     walls: dict[tuple, float] = {}
     for method, s in summaries.items():
         if s.get("wall_s") is not None:
@@ -66,7 +71,9 @@ def orchestration_per_group(outside: float, summaries: dict[str, dict]) -> float
             walls[key] = max(walls.get(key, 0.0), s["wall_s"])
     if not walls:
         return None
-    return max(0.0, outside - sum(walls.values())) / len(walls)
+    # one process a seed: its runs carry the same figure
+    start = max((s.get("process_start_s") or 0.0 for s in summaries.values()), default=0.0)
+    return max(0.0, outside - start - sum(walls.values())) / len(walls)
 
 
 @flow(name="dots-bench", log_prints=True)

@@ -166,6 +166,7 @@ def test_every_run_records_its_split_and_what_prefect_added(bench_run):
         assert row["other_s"] >= 0 and row["rollout_s"] > 0 and row["update_s"] > 0
         assert (row["select_s"] > 0) == (method in ("dots", "dots_rr")), row
         assert row["orchestration_s"] is not None and row["orchestration_s"] >= 0
+        assert row["process_start_s"] > 0  # two workers: each seed trained in a spawned process
         if row["steps_to_target"] is not None:
             # where its time to target went: the first steps' own timers, which with the rest of each
             # step add up to the time to target the row reports (dots.time_split)
@@ -343,6 +344,13 @@ def test_goals_report_where_each_stands():
     assert "rr" not in g  # the per-step saving goal is gone
     assert g["predictor"]["met"]
     assert g["Prefect"]["value"] == pytest.approx(0.015) and g["Prefect"]["met"]
+    assert "seed process" not in g["Prefect"]["detail"]  # no run was trained in a spawned process
+    for r in rows:
+        r["process_start_s"] = 4.0  # of each seed's 100 s wall-clock: beside the Prefect + MLflow share
+    _, g = _goals(rows)
+    assert g["Prefect"]["value"] == pytest.approx(0.015)
+    assert g["Prefect"]["detail"].endswith(
+        "the seed process's start (spawn and imports, the bench's own): 0.040")
     table = bench.render(rows, s, list(g.values()), METHODS, bench.task_checks(rows))
     assert "Does the task decide?" in table and "Goals:" in table
     assert table.count("| dots_rr | ") == 3 + 1  # three runs and the median line
@@ -603,6 +611,11 @@ def test_a_seed_trained_in_its_own_process_is_the_run_trained_in_this_one(tiny_p
         assert bench.workers(cfg) == n and bench.seed_config(cfg, 0).train.threads == 1
         out = bench.run_seed(cfg, 0, arms)
         assert sorted(out) == sorted(arms) and all(s["steps"] == 4 for s in out.values())
+        # a spawned seed's runs say what starting its process cost (the bench's own, apart from Prefect's);
+        # in this process there is none to count
+        for s in out.values():
+            started = s["process_start_s"]
+            assert (started > 0) if n == 2 else started is None, (n, started)
         group = bench.lockstep_group(cfg, 0, arms)
         runs[n] = {m: _untimed(bench.run_dirs(cfg, 0, m, group)[0]) for m in arms}
     assert runs[1] == runs[2]
@@ -692,6 +705,10 @@ def test_orchestration_is_what_a_seed_task_spent_outside_its_training_calls():
     assert orchestration_per_group(104.0, alone) == pytest.approx(2.0)
     assert orchestration_per_group(90.0, alone) == 0.0  # never negative
     assert orchestration_per_group(5.0, {"grpo": {}}) is None
+    # starting the seed's process (spawn, imports) is the bench's own, not Prefect's: left out
+    for s in together.values():
+        s["process_start_s"] = 2.5
+    assert orchestration_per_group(103.0, together) == pytest.approx(0.5)
 
 
 EVERY2 = "every2=dots_rr:selection.every=2"  # selection.every defaults to 8
