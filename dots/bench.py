@@ -59,7 +59,7 @@ from .config import BENCH_METHODS, METHODS, TRAITS, Config, ConfigError, with_ov
 from .machine_load import adjusted_seconds, round_loads
 from .progress import say
 from .runfiles import json_safe
-from .runfiles import Crossing, crossing, final_smoothed, smoothed, step_seconds
+from .runfiles import Crossing, crossing, equal_time_difference, final_smoothed, smoothed, step_seconds
 
 RESULTS = Path("results/bench")
 SHARED_SECTIONS = ("task", "model", "warmup", "embed", "label", "predictor", "rollout", "selection.ref_size")
@@ -504,9 +504,8 @@ def equal_time_differences(mine: list[dict], base: list[dict]) -> dict:
         b = by_seed.get(r["seed"])
         if not r.get("curve_s") or not b or not b.get("curve_s"):
             continue
-        t = min(r["curve_s"][-1], b["curve_s"][-1])
-        diffs.append(float(np.interp(t, r["curve_s"], r["curve_smoothed"])
-                           - np.interp(t, b["curve_s"], b["curve_smoothed"])))
+        diffs.append(equal_time_difference(r["curve_s"], r["curve_smoothed"],
+                                           b["curve_s"], b["curve_smoothed"]))
     return _paired(diffs)
 
 

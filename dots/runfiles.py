@@ -71,6 +71,16 @@ def final_smoothed(evals: list[dict], window: int = 1) -> float | None:
     return smoothed(evals, window)[-1] if evals else None
 
 
+def equal_time_difference(mine_s: list[float], mine: list[float],
+                          base_s: list[float], base: list[float]) -> float:
+    """Smoothed accuracy at equal training seconds, mine − base: both curves (seconds, smoothed
+    accuracy at each evaluation) read at the shorter run's last second, linear between
+    evaluations as the time to target is. The figure at the same compute, beside the end points
+    (an arm that spends 3x the seconds a step can end higher without being better for them)."""
+    t = min(mine_s[-1], base_s[-1])
+    return float(np.interp(t, mine_s, mine) - np.interp(t, base_s, base))
+
+
 def target_eval(evals: list[dict], target: float | None, window: int = 1) -> dict | None:
     """The first evaluation whose smoothed accuracy reaches `target` (None: never)."""
     found = crossing(evals, target, window)

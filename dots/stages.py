@@ -34,7 +34,7 @@ from .predictor import load_predictor, save_predictor
 from .predictor_training import fit_predictor
 from .progress import Progress, say
 from .engines import close_engine, engine_for
-from .runfiles import final_smoothed, time_to_target
+from .runfiles import equal_time_difference, final_smoothed, smoothed, time_to_target
 from .trainer import Trainer
 from .runfiles import json_safe, read_run
 
@@ -480,9 +480,17 @@ def compare(cfg: Config, methods: list[str] | None = None) -> dict:
         if p.evaluation(m).exists():  # evaluate@<method> ran: its held-out metrics join the row
             rows[-1]["heldout"] = heldout_metrics(json.loads(p.evaluation(m).read_text()))
     base = next((r for r in rows if r["method"] == "grpo"), None)
+    curves = {m: ([e["elapsed_s"] for e in evals], smoothed(evals, window)) for m, (_, evals) in runs.items()}
     for r in rows:
         ok = base and base["time_to_target_s"] and r["time_to_target_s"] is not None
         r["time_to_target_ratio"] = r["time_to_target_s"] / base["time_to_target_s"] if ok else None
+        # beside the ratio, as the bench pairs them: who ends higher after the same steps, and who is
+        # ahead at the same seconds (the shorter run's last); null without a grpo run to pair with
+        mine, grpo = curves[r["method"]], curves.get("grpo")
+        r["end_point"] = mine[1][-1] if mine[1] else None
+        both = grpo is not None and mine[0] and grpo[0]
+        r["end_point_diff"] = r["end_point"] - grpo[1][-1] if both else None
+        r["equal_time_diff"] = equal_time_difference(*mine, *grpo) if both else None
     out = {"target_accuracy": target, "rows": rows}
     _write_json(p.compare / "comparison.json", out)
     table = render_table(out)
@@ -504,12 +512,13 @@ def render_table(comparison: dict) -> str:
         return "—" if v is None else format(v, fmt)
 
     lines = [f"target accuracy (grpo's mean of its last evaluations): {comparison['target_accuracy']:.4f}", "",
-             "| method | time-to-target (s) | steps-to-target | final accuracy | ratio to grpo | mean step (s) "
-             "| effective ratio | dots/pearson |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| method | time-to-target (s) | steps-to-target | final accuracy | ratio to grpo "
+             "| end point − grpo | at equal time − grpo | mean step (s) | effective ratio | dots/pearson |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in comparison["rows"]:
         lines.append(f"| {r['method']} | {f(r['time_to_target_s'], '.1f')} | {f(r['steps_to_target'], '.1f')} | "
                      f"{f(r['final_accuracy'], '.4f')} | {f(r['time_to_target_ratio'], '.2f')} | "
+                     f"{f(r.get('end_point_diff'), '+.3f')} | {f(r.get('equal_time_diff'), '+.3f')} | "
                      f"{f(r['mean_step_s'], '.3f')} | {f(r['effective_ratio'], '.2f')} | "
                      f"{f(r['dots_pearson'], '.2f')} |")
     return "\n".join(lines)

@@ -396,7 +396,8 @@ def log_comparison(cfg: Config, comparison: dict, artifacts: list[Path]) -> str:
     now = int(time.time() * 1000)
     metrics = [Metric("target_accuracy", float(comparison["target_accuracy"]), now, 0)]
     for row in comparison["rows"]:
-        for key in ("time_to_target_s", "steps_to_target", "final_accuracy", "time_to_target_ratio"):
+        for key in ("time_to_target_s", "steps_to_target", "final_accuracy", "time_to_target_ratio",
+                    "end_point_diff", "equal_time_diff"):
             if row.get(key) is not None:
                 metrics.append(Metric(f"{key}/{row['method']}", float(row[key]), now, 0))
     tracker.client.log_batch(parent, metrics=metrics)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from .conftest import REPO
@@ -57,6 +58,21 @@ def test_dots_all_end_to_end(tmp_path):
     assert [e["step"] for e in grpo_evals] == [0, 2, 4]
     last3 = sum(e["accuracy"] for e in grpo_evals[-3:]) / 3
     assert comparison["target_accuracy"] == pytest.approx(last3)
+    # beside the ratio, as the bench pairs them: the end point and the accuracy at equal seconds, minus grpo's
+    rows = {r["method"]: r for r in comparison["rows"]}
+    mine_evals = json.loads((root / "runs" / "dots_rr" / "evals.json").read_text())
+    end = sum(e["accuracy"] for e in mine_evals[-3:]) / 3
+    assert rows["dots_rr"]["end_point_diff"] == pytest.approx(end - last3)
+    assert rows["grpo"]["end_point_diff"] == 0.0 and rows["grpo"]["equal_time_diff"] == 0.0
+    seconds = min(grpo_evals[-1]["elapsed_s"], mine_evals[-1]["elapsed_s"])  # the shorter run's last second
+
+    def at(evals, t):  # the smoothed curve (trailing mean of 3) read at t, straight between evaluations
+        curve = [sum(e["accuracy"] for e in evals[max(0, i - 2): i + 1]) / len(evals[max(0, i - 2): i + 1])
+                 for i in range(len(evals))]
+        return float(np.interp(t, [e["elapsed_s"] for e in evals], curve))
+    expected = at(mine_evals, seconds) - at(grpo_evals, seconds)
+    assert rows["dots_rr"]["equal_time_diff"] == pytest.approx(expected)
+    assert "| end point − grpo | at equal time − grpo |" in proc.stdout
     grpo_summary = json.loads((root / "runs" / "grpo" / "summary.json").read_text())
     assert grpo_summary["final_accuracy_smoothed"] == pytest.approx(last3)
     for key in ("tokens/sampled_total", "tokens/trained_total", "train/groups_trained_total"):

@@ -167,6 +167,9 @@ def test_mlflow_store_has_parent_children_names_tags_and_plot(flow_repo):
     assert {m: r.data.params["train.downsample_used"] for m, r in children.items()} == {"grpo": "None", "dots_rr": "4"}
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"learning_curve.png", "table.md", "comparison.json", "config.json", "metrics.json"} <= artifacts
+    # the comparison's paired figures beside the ratio, as the bench logs them
+    assert {f"{k}/{m}" for k in ("end_point_diff", "equal_time_diff") for m in children} <= set(parent.data.metrics)
+    assert parent.data.metrics["end_point_diff/grpo"] == 0.0
     png = Path(client.download_artifacts(parent.info.run_id, "learning_curve.png"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
