@@ -658,6 +658,12 @@ def goals(summary: dict, cfg: Config, predictor_round: dict | None, rows: list[d
     ratio, ci, detail = judged_time_ratio(d)
     if d.get("update_time_ratio") is not None:  # what bounds it: the update's seconds alone (dots.time_split)
         detail += f"; its update alone {d['update_time_ratio']:.2f} of grpo's time"
+    # how many seeds sit on the goal's side: a median of six is the mean of the middle two, and a
+    # "yes" with three seeds above the line says less than one with all six below it
+    judged = "time_to_target_adjusted_ratio" if d.get("time_to_target_adjusted_ratio") is not None \
+        else "time_to_target_ratio"
+    if per_seed := d.get(f"{judged}_per_seed"):
+        detail += f"; {sum(x <= 0.5 for x in per_seed)} of {len(per_seed)} seeds at or below 0.5"
     out.append(goal("dots_rr time-to-target / grpo (median over seeds)", ratio, "<= 0.5, 90% CI upper < 0.8",
                     ratio is not None and ratio <= 0.5 and ci is not None and ci[1] < 0.8, detail))
     for peer in PEERS:

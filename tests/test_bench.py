@@ -336,6 +336,7 @@ def test_goals_report_where_each_stands():
     assert 0.4 <= lo <= 0.4 + 1e-9 and 0.4 <= hi <= 0.45 + 1e-9
     assert g["dots_rr"]["value"] == pytest.approx(0.4) and g["dots_rr"]["met"]
     assert "90% CI" in g["dots_rr"]["detail"]
+    assert g["dots_rr"]["detail"].endswith("; 3 of 3 seeds at or below 0.5")  # 0.45, 0.4, 0.4
     assert g["dots/pearson"]["met"]
     # beside it, what a predictor knowing the true pass rates would score on the same labels
     assert s["dots"]["pearson_ceiling"] == 0.9 and "would score about 0.90" in g["dots/pearson"]["detail"]
@@ -370,6 +371,7 @@ def test_the_goals_judge_the_load_adjusted_time_and_show_the_raw_one_beside():
     assert s["dots_rr"]["time_to_target_adjusted_ratio"] == pytest.approx(0.45)
     assert g["dots_rr"]["value"] == pytest.approx(0.45) and g["dots_rr"]["met"]
     assert g["dots_rr"]["detail"].startswith("load-adjusted") and "raw seconds 0.60" in g["dots_rr"]["detail"]
+    assert "3 of 3 seeds at or below 0.5" in g["dots_rr"]["detail"]  # the seeds it judges: load-adjusted
     table = bench.render(rows, s, list(g.values()), METHODS)
     assert "| dots_rr | 0 | 6.0 | 3.6 | 40.0 |" in table  # steps read between evaluations: one decimal
     assert "| dots_rr | 0.60 [0.60–0.60] | 0.45 [0.45–0.45] | 0.40 [0.40–0.40] |" in table
@@ -378,6 +380,7 @@ def test_the_goals_judge_the_load_adjusted_time_and_show_the_raw_one_beside():
     s, g = _goals(rows)
     assert g["dots_rr"]["value"] == pytest.approx(0.6) and not g["dots_rr"]["met"]
     assert not g["dots_rr"]["detail"].startswith("load-adjusted")
+    assert "0 of 3 seeds at or below 0.5" in g["dots_rr"]["detail"]  # raw seconds: 0.6 on every seed
 
 
 def test_arms_timed_one_after_another_have_no_round_loads(monkeypatch, tmp_path):
