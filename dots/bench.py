@@ -635,15 +635,22 @@ def task_checks(rows: list[dict]) -> list[dict]:
     return out
 
 
+def judged_key(stats: dict, suffix: str = "") -> str:
+    """The summary key of the time ratio a goal judges: the load-adjusted one where the bench
+    measured the load (`machine_load`: it reproduces between benches where raw seconds did not),
+    else raw seconds'."""
+    adjusted = f"time_to_target_adjusted_ratio{suffix}"
+    return adjusted if stats.get(adjusted) is not None else f"time_to_target_ratio{suffix}"
+
+
 def judged_time_ratio(stats: dict, suffix: str = "") -> tuple[float | None, list | None, str]:
-    """The time ratio a goal judges (median, interval, detail): the load-adjusted one where the
-    bench measured the load (`machine_load`: it reproduces between benches where raw seconds did
-    not), else raw seconds; the detail gives the raw ratio beside the adjusted one."""
-    raw, raw_ci = stats.get(f"time_to_target_ratio{suffix}"), stats.get(f"time_to_target_ratio{suffix}_ci90")
-    adj, adj_ci = (stats.get(f"time_to_target_adjusted_ratio{suffix}"),
-                   stats.get(f"time_to_target_adjusted_ratio{suffix}_ci90"))
-    if adj is None:
+    """The time ratio a goal judges (`judged_key`: median, interval, detail); the detail gives the
+    raw ratio beside the adjusted one."""
+    raw_key, key = f"time_to_target_ratio{suffix}", judged_key(stats, suffix)
+    raw, raw_ci = stats.get(raw_key), stats.get(f"{raw_key}_ci90")
+    if key == raw_key:
         return raw, raw_ci, _ci_detail(raw_ci)
+    adj, adj_ci = stats[key], stats.get(f"{key}_ci90")
     return adj, adj_ci, f"load-adjusted, {_ci_detail(adj_ci)}; raw seconds {_ci(raw, raw_ci, '.2f')}"
 
 
@@ -660,9 +667,7 @@ def goals(summary: dict, cfg: Config, predictor_round: dict | None, rows: list[d
         detail += f"; its update alone {d['update_time_ratio']:.2f} of grpo's time"
     # how many seeds sit on the goal's side: a median of six is the mean of the middle two, and a
     # "yes" with three seeds above the line says less than one with all six below it
-    judged = "time_to_target_adjusted_ratio" if d.get("time_to_target_adjusted_ratio") is not None \
-        else "time_to_target_ratio"
-    if per_seed := d.get(f"{judged}_per_seed"):
+    if per_seed := d.get(f"{judged_key(d)}_per_seed"):
         detail += f"; {sum(x <= 0.5 for x in per_seed)} of {len(per_seed)} seeds at or below 0.5"
     out.append(goal("dots_rr time-to-target / grpo (median over seeds)", ratio, "<= 0.5, 90% CI upper < 0.8",
                     ratio is not None and ratio <= 0.5 and ci is not None and ci[1] < 0.8, detail))

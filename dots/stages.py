@@ -488,9 +488,9 @@ def compare(cfg: Config, methods: list[str] | None = None) -> dict:
         # ahead at the same seconds (the shorter run's last); null without a grpo run to pair with
         mine, grpo = curves[r["method"]], curves.get("grpo")
         r["end_point"] = mine[1][-1] if mine[1] else None
-        both = grpo is not None and mine[0] and grpo[0]
-        r["end_point_diff"] = r["end_point"] - grpo[1][-1] if both else None
-        r["equal_time_diff"] = equal_time_difference(*mine, *grpo) if both else None
+        paired = grpo is not None and bool(mine[1]) and bool(grpo[1])
+        r["end_point_diff"] = r["end_point"] - grpo[1][-1] if paired else None
+        r["equal_time_diff"] = equal_time_difference(*mine, *grpo) if paired else None
     out = {"target_accuracy": target, "rows": rows}
     _write_json(p.compare / "comparison.json", out)
     table = render_table(out)
