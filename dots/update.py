@@ -37,7 +37,7 @@ def forwarded_groups(groups: list[Group], cfg: Config, method: str | None = None
     max-variance rollouts when `method` down-samples (`train.downsample_for`, `dots.downsample`;
     no method: `train.downsample` alone), in order."""
     trained = trained_groups(groups, cfg.loss.beta, cfg.train.skip_degenerate)
-    return downsample_groups(trained, cfg.train.downsample_for(method))
+    return downsample_groups(trained, cfg.train.downsample_for(method), cfg.train.downsample_ties)
 
 
 def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups: list[Group], cfg: Config,
@@ -58,7 +58,8 @@ def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups:
     collective, every rank runs as many (micro-)batches as the rank with the most: the others
     (an empty share included) add passes on one row whose loss is multiplied by 0.0."""
     trained = trained_groups(groups, cfg.loss.beta, cfg.train.skip_degenerate)
-    used = downsample_groups(trained, cfg.train.downsample_for(method))  # = forwarded_groups(groups, cfg, method)
+    # = forwarded_groups(groups, cfg, method)
+    used = downsample_groups(trained, cfg.train.downsample_for(method), cfg.train.downsample_ties)
     if not used:
         return 0.0, {}
     mine = used[dist.shard(len(used))]

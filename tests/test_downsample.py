@@ -2,7 +2,9 @@
 largest reward variance of any subset of that size (checked against every subset), its rows
 stay together, and the update with it set is the update on the down-sampled groups, replay
 ratios included, for one batch and for micro-batches. Each method has its own m
-(`train.downsample_by_method`: dots_rr 4 of 8, the others all G), which `train.downsample` overrides."""
+(`train.downsample_by_method`: dots_rr 3 of 8, the others all G), which `train.downsample` overrides.
+A tie between equally varied subsets (an odd m) goes to the lower rewards by default
+(`train.downsample_ties: low`: 1 right + 2 wrong of 3), to the higher ones with `high`."""
 
 from __future__ import annotations
 
@@ -23,30 +25,91 @@ def test_the_kept_rows_have_the_largest_variance_of_any_subset(seed):
     binary = seed % 2 == 0  # exact-match rewards, and real-valued ones
     rewards = (torch.rand(8, generator=gen) < 0.4).float() if binary else torch.rand(8, generator=gen)
     for m in range(2, 8):
-        keep = max_variance_rows(rewards, m)
-        assert keep.tolist() == sorted(set(keep.tolist())) and len(keep) == m
-        best = max(float(rewards[list(c)].double().var(unbiased=False)) for c in itertools.combinations(range(8), m))
-        assert float(rewards[keep].double().var(unbiased=False)) == pytest.approx(best, abs=1e-12), (rewards, m)
+        for ties in ("low", "high"):
+            keep = max_variance_rows(rewards, m, ties)
+            assert keep.tolist() == sorted(set(keep.tolist())) and len(keep) == m
+            best = max(float(rewards[list(c)].double().var(unbiased=False))
+                       for c in itertools.combinations(range(8), m))
+            kept = float(rewards[keep].double().var(unbiased=False))
+            assert kept == pytest.approx(best, abs=1e-12), (rewards, m, ties)
 
 
 @pytest.mark.parametrize("kind", ["binary", "graded", "real"])
 def test_a_batch_of_groups_keeps_the_rows_each_group_keeps_alone(kind):
     """The batched rule (one call a step) picks, group by group, the rows of the max-variance subset,
-    ties broken as the one-group rule breaks them (the first split tried): checked against every subset."""
+    ties broken as the one-group rule breaks them (`high`: the first split tried): checked against every
+    subset."""
     gen = torch.Generator().manual_seed(7)
     draw = {"binary": lambda: (torch.rand(50, 8, generator=gen) < 0.4).float(),
             "graded": lambda: torch.randint(0, 3, (50, 8), generator=gen).float() / 2,
             "real": lambda: torch.rand(50, 8, generator=gen)}[kind]
     rewards = draw()
     for m in range(2, 9):
-        keeps = max_variance_rows_batch(rewards, m)
+        keeps = max_variance_rows_batch(rewards, m, "high")
         assert keeps.shape == (50, min(m, 8))
         for r, keep in zip(rewards, keeps):
-            assert keep.tolist() == max_variance_rows(r, m).tolist() == sorted(set(keep.tolist()))
+            assert keep.tolist() == max_variance_rows(r, m, "high").tolist() == sorted(set(keep.tolist()))
             first_best = max(itertools.combinations(range(8), min(m, 8)),
                              key=lambda c: round(float(r[list(c)].double().var(unbiased=False)), 12))
             assert float(r[keep].double().var(unbiased=False)) == pytest.approx(
                 float(r[list(first_best)].double().var(unbiased=False)), abs=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["binary", "real"])
+def test_ties_low_keeps_a_max_variance_subset_and_the_lower_side_of_a_tie(kind):
+    """`train.downsample_ties: low` (the default) keeps a max-variance subset too, batched as one group at a
+    time, and where two subsets tie it keeps the one with more low rewards: the last split, not the first."""
+    gen = torch.Generator().manual_seed(11)
+    rewards = torch.rand(40, 8, generator=gen)
+    if kind == "binary":
+        rewards = (rewards < 0.5).float()
+    for m in range(2, 8):
+        keeps = max_variance_rows_batch(rewards, m, "low")
+        for r, keep in zip(rewards, keeps):
+            assert keep.tolist() == max_variance_rows(r, m, "low").tolist() == sorted(set(keep.tolist()))
+            subsets = list(itertools.combinations(range(8), m))
+            last_best = max(reversed(subsets),
+                            key=lambda c: round(float(r[list(c)].double().var(unbiased=False)), 12))
+            assert float(r[keep].double().var(unbiased=False)) == pytest.approx(
+                float(r[list(last_best)].double().var(unbiased=False)), abs=1e-12)
+            if kind == "binary":  # the tie rule is only about how many right answers are kept
+                high = max_variance_rows(r, m, "high")
+                assert int(r[keep].sum()) <= int(r[high].sum())
+
+
+def test_an_odd_m_tie_keeps_more_wrong_with_low_and_more_right_with_high():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0])  # 4 right, 4 wrong
+    for m, high_right, low_right in ((3, 2, 1), (5, 3, 2), (7, 4, 3)):
+        assert int(rewards[max_variance_rows(rewards, m, "high")].sum()) == high_right
+        assert int(rewards[max_variance_rows(rewards, m)].sum()) == low_right  # the default, "low"
+    for m in (2, 4, 6):  # even m: the balanced cut is the one max-variance split, either rule
+        assert max_variance_rows(rewards, m, "low").tolist() == max_variance_rows(rewards, m, "high").tolist()
+    groups = make_groups(50, n_groups=3, g=8)
+    for g in groups:
+        g.rewards = rewards.clone()
+    assert [int(g.rewards.sum()) for g in downsample_groups(groups, 3)] == [1, 1, 1]
+    assert [int(g.rewards.sum()) for g in downsample_groups(groups, 3, "high")] == [2, 2, 2]
+    with pytest.raises(ValueError, match="train.downsample_ties"):
+        max_variance_rows(rewards, 3, "middle")
+
+
+def test_the_update_cuts_with_the_configured_tie_rule():
+    groups = make_groups(50, n_groups=2, g=8)
+    for g in groups:
+        g.rewards = torch.tensor([1.0, 0.0] * 4)
+    low = forwarded_groups(groups, Config(), "dots_rr")  # the default: 3 of 8, ties to the wrong answers
+    assert [int(g.rewards.sum()) for g in low] == [1, 1]
+    high = load_config(None, ["train.downsample_ties=high"])
+    assert [int(g.rewards.sum()) for g in forwarded_groups(groups, high, "dots_rr")] == [2, 2]
+    with pytest.raises(ValueError, match="train.downsample_ties"):
+        load_config(None, ["train.downsample_ties=middle"])
+
+
+def test_the_tie_rule_is_part_of_a_down_sampling_runs_key_only():
+    """Changing the tie rule makes a new dots_rr run, and leaves a grpo run (all G, no ties) valid."""
+    base, high = Config(), load_config(None, ["train.downsample_ties=high"])
+    assert base.fingerprint(method="grpo") == high.fingerprint(method="grpo")
+    assert base.fingerprint(method="dots_rr") != high.fingerprint(method="dots_rr")
 
 
 def test_groups_of_mixed_sizes_are_cut_as_one_at_a_time():
@@ -118,19 +181,19 @@ def test_each_method_down_samples_by_its_own_m_unless_train_downsample_sets_ever
     cfg = Config()
     assert cfg.train.downsample is None
     assert {m: cfg.train.downsample_for(m) for m in ("grpo", "dots", "rr", "dots_rr", "dapo", "greso")} == \
-        {"grpo": None, "dots": None, "rr": None, "dots_rr": 4, "dapo": None, "greso": None}
+        {"grpo": None, "dots": None, "rr": None, "dots_rr": 3, "dapo": None, "greso": None}
     every = load_config(None, ["train.downsample=8"]).train  # all G for every method, dots_rr included
     assert {every.downsample_for(m) for m in ("grpo", "dots_rr")} == {8}
     off = load_config(None, ["train.downsample_by_method.dots_rr=null"]).train
     assert off.downsample_for("dots_rr") is None
     more = load_config(None, ["train.downsample_by_method.rr=3"]).train  # a method not named keeps its m
-    assert (more.downsample_for("rr"), more.downsample_for("dots_rr")) == (3, 4)
+    assert (more.downsample_for("rr"), more.downsample_for("dots_rr")) == (3, 3)
     with pytest.raises(ValueError, match="train.downsample_by_method: each must be null or at least 2"):
         load_config(None, ["train.downsample_by_method.dots_rr=1"])
     with pytest.raises(ValueError, match="train.downsample_by_method.ppo"):
         load_config(None, ["train.downsample_by_method.ppo=4"])
     # an m of at least G trains on all G: a small group_size does not trip on a default it never set
-    assert load_config(None, ["rollout.group_size=2"]).train.downsample_for("dots_rr") == 4
+    assert load_config(None, ["rollout.group_size=2"]).train.downsample_for("dots_rr") == 3
 
 
 def test_a_runs_fingerprint_holds_its_own_m_not_the_other_methods():
@@ -139,7 +202,8 @@ def test_a_runs_fingerprint_holds_its_own_m_not_the_other_methods():
     assert base.fingerprint(method="grpo") == other.fingerprint(method="grpo")
     assert base.fingerprint(method="dots_rr") != other.fingerprint(method="dots_rr")
     # the same m reached by the override or by the method's own entry is the same run
-    assert base.fingerprint(method="dots_rr") == load_config(None, ["train.downsample=4"]).fingerprint(method="dots_rr")
+    same = load_config(None, ["train.downsample=3"])
+    assert base.fingerprint(method="dots_rr") == same.fingerprint(method="dots_rr")
 
 
 def test_the_update_cuts_groups_by_the_methods_own_m():
@@ -148,11 +212,11 @@ def test_the_update_cuts_groups_by_the_methods_own_m():
     for g in groups:
         g.rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0]) if g.question_id != 2 else torch.ones(8)
     cfg = Config()
-    assert [g.size for g in forwarded_groups(groups, cfg, "dots_rr")] == [4, 4, 4, 4]
+    assert [g.size for g in forwarded_groups(groups, cfg, "dots_rr")] == [3, 3, 3, 3]
     assert [g.size for g in forwarded_groups(groups, cfg, "grpo")] == [8, 8, 8, 8]
     replayed = [groups[0]]
     loss = run_update_for(model, groups, replayed, "dots_rr")
-    cut = [downsample_group(g, 4) for g in groups]
+    cut = [downsample_group(g, 3) for g in groups]
     assert loss == pytest.approx(run_update_for(model, cut, [cut[0]], None), rel=1e-12, abs=1e-14)
     assert run_update_for(model, groups, replayed, "grpo") == pytest.approx(
         run_update_for(model, groups, replayed, None), rel=1e-12, abs=1e-14)
@@ -184,10 +248,10 @@ def test_a_run_counts_the_tokens_it_trains_not_the_ones_it_sampled(tiny_pipeline
     assert cfg.rollout.group_size > 2
 
 
-def test_a_dots_rr_run_trains_four_of_its_eight_rollouts_by_default(tiny_pipeline, pipeline_data, tmp_path,
+def test_a_dots_rr_run_trains_three_of_its_eight_rollouts_by_default(tiny_pipeline, pipeline_data, tmp_path,
                                                                    monkeypatch):
     """The shipped default reaches the trainer: a dots_rr step's update is told its method, and
-    tokens/trained counts the 4 kept rows of each informative group, not all 8."""
+    tokens/trained counts the 3 kept rows of each informative group, not all 8."""
     import dots.trainer as trainer_module
     from tests.test_trainer import _trainer
 
@@ -205,6 +269,6 @@ def test_a_dots_rr_run_trains_four_of_its_eight_rollouts_by_default(tiny_pipelin
     (groups, method), = calls
     informative = [g for g in groups if g.informative]
     assert method == "dots_rr" and cfg.rollout.group_size == 8 and informative
-    kept = sum(int(downsample_group(g, 4).response_mask.sum()) for g in informative)
+    kept = sum(int(downsample_group(g, 3).response_mask.sum()) for g in informative)
     assert rec["tokens/trained"] == kept < sum(int(g.response_mask.sum()) for g in informative)
     assert rec["train/groups_trained"] == len(informative)
