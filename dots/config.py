@@ -441,7 +441,7 @@ class TrainConfig(_Section):
                            "answers: 2 right + 1 wrong or 1 right + 2 wrong), keep the one with more of the "
                            "lower rewards ('low': dots_rr's 3 of 8 keep 1 right + 2 wrong, 0.86-0.87x the "
                            "time of 4 of 8, docs/benchmark.md) or of the higher ones ('high', the rule "
-                           "before: at 3 of 8 it took 1.5x the steps); dots.downsample")
+                           "before: at 3 of 8 it took about 1.3x the steps of 4); dots.downsample")
     checkpoint_every: int = _range(1, None, default=50, desc="steps between resumable checkpoints")
     target_accuracy: float | None = _range(0, 1, default=None,
                                            desc="accuracy for time-to-target; `compare` uses grpo's final")

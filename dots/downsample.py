@@ -18,7 +18,7 @@ and one wrong, or one right and two wrong, have the same variance), and which si
 changes what the update learns: "low" keeps more of the lower rewards (the default: `dots_rr`
 trains on 3 of its 8 rollouts, one right and two wrong where it can, 0.86-0.87x the time of 4 of
 8 in two six-seed benches, docs/benchmark.md), "high" more of the higher ones (the rule before,
-with which 3 of 8 took 1.5x the steps of 4). With an even m and a group that allows a balanced
+with which 3 of 8 took about 1.3x the steps of 4). With an even m and a group that allows a balanced
 cut the mix of right and wrong is the same either way; only which rows of a kind are kept
 (the lowest-indexed or the highest-indexed) can differ.
 """
