@@ -36,7 +36,12 @@ def forwarded_groups(groups: list[Group], cfg: Config, method: str | None = None
     """What the update forwards: the trained groups (`trained_groups`), each cut to its
     max-variance rollouts when `method` down-samples (`train.downsample_for`, `dots.downsample`;
     no method: `train.downsample` alone), in order."""
-    trained = trained_groups(groups, cfg.loss.beta, cfg.train.skip_degenerate)
+    return cut_for_method(trained_groups(groups, cfg.loss.beta, cfg.train.skip_degenerate), cfg, method)
+
+
+def cut_for_method(trained: list[Group], cfg: Config, method: str | None) -> list[Group]:
+    """`trained` cut to `method`'s m rollouts a group, ties broken by `train.downsample_ties`: the one
+    place the update and the token count (`forwarded_groups`) read both settings, so they cannot part."""
     return downsample_groups(trained, cfg.train.downsample_for(method), cfg.train.downsample_ties)
 
 
@@ -58,8 +63,7 @@ def update_on_groups(model: torch.nn.Module, opt: torch.optim.Optimizer, groups:
     collective, every rank runs as many (micro-)batches as the rank with the most: the others
     (an empty share included) add passes on one row whose loss is multiplied by 0.0."""
     trained = trained_groups(groups, cfg.loss.beta, cfg.train.skip_degenerate)
-    # = forwarded_groups(groups, cfg, method)
-    used = downsample_groups(trained, cfg.train.downsample_for(method), cfg.train.downsample_ties)
+    used = cut_for_method(trained, cfg, method)  # = forwarded_groups(groups, cfg, method)
     if not used:
         return 0.0, {}
     mine = used[dist.shard(len(used))]
