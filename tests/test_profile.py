@@ -30,6 +30,17 @@ def test_the_gpu_profile_validates_and_dots_plan_fits_it_on_one_80gb_gpu(monkeyp
     assert plan.peak < 80 * GiB
 
 
+def test_the_gpu_profile_trains_every_rollout_as_the_paper_does_and_three_of_eight_stays_a_switch(monkeypatch):
+    """The profile claims the paper's DOTS+RR settings, where every rollout is trained: it must not inherit
+    the embedded default's dots_rr down-sampling (3 of 8, measured on the embedded task only)."""
+    monkeypatch.chdir(REPO)
+    train = load_config(PROFILE).train
+    assert {m: train.downsample_for(m) for m in train.methods} == {"grpo": None, "dots_rr": None}
+    assert load_config(None).train.downsample_for("dots_rr") == 3  # the embedded default is unchanged
+    override = load_config(PROFILE, ["train.downsample_by_method.dots_rr=3"]).train
+    assert (override.downsample_for("dots_rr"), override.downsample_for("grpo")) == (3, None)
+
+
 def test_the_gpu_profile_reads_its_dataset_with_its_reward_and_drops_what_it_cannot_parse(tmp_path, monkeypatch):
     """prepare with the profile's own dataset spec and reward, on the first 3,000 DeepScaleR rows: the two
     ground truths math-verify cannot parse there (rows 2586 and 2736) are dropped and reported, and the
