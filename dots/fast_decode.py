@@ -69,7 +69,10 @@ class GPT2Decoder:
         n, width = ids.shape
         total = width + self.max_new_tokens
         dtype, device = self.model.transformer.wte.weight.dtype, ids.device
-        self.k = [torch.empty((n, self.heads, total, self.head_dim), dtype=dtype, device=device)
+        # with `rows`, the prompts' own cache holds their positions only: copying it to the samples
+        # then moves the filled positions, not the whole `total` each sample is given
+        cached = width if rows is not None else total
+        self.k = [torch.empty((n, self.heads, cached, self.head_dim), dtype=dtype, device=device)
                   for _ in self.blocks]
         self.v = [torch.empty_like(k) for k in self.k]
         causal = torch.ones((width, width), dtype=torch.bool, device=device).tril()
@@ -78,8 +81,8 @@ class GPT2Decoder:
         h = self._layers(_embed(self.model, ids, pos), mask[:, None], slice(0, width))
         logits = _head(self.model, h[:, -1])
         if rows is not None:
-            self.k = [k[rows] for k in self.k]
-            self.v = [v[rows] for v in self.v]
+            self.k = [_spread(k, rows, total) for k in self.k]
+            self.v = [_spread(v, rows, total) for v in self.v]
             attn, logits = attn[rows], logits[rows]
         self.valid = torch.zeros((attn.shape[0], total), dtype=torch.bool, device=device)
         self.valid[:, :width] = attn.bool()
@@ -103,6 +106,14 @@ class GPT2Decoder:
         mask = self.valid[:, None, None, : self.length]  # (n, 1, 1, T)
         h = self._layers(_embed(self.model, tok[:, None], pos), mask, slice(at, at + 1))
         return _head(self.model, h[:, -1])
+
+
+def _spread(cache: torch.Tensor, rows: torch.Tensor, total: int) -> torch.Tensor:
+    """A (rows, H, total, d) cache whose first positions are `cache`'s row `rows[i]` for each i:
+    each sample gets its prompt's keys or values and room for `total` positions, the rest unfilled."""
+    out = cache.new_empty((rows.shape[0], cache.shape[1], total, cache.shape[3]))
+    out[:, :, : cache.shape[2]] = cache[rows]
+    return out
 
 
 def _embed(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -201,7 +212,9 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
     MLP run on one position a prompt. Both cut work where prompts weigh most, i.e. in batches of
     many small groups: on the bench's batches (one thread, side by side in one process) the
     update's forward and backward fell 10% for `dots_rr` (61 prompts of 4 rows) and 7% for
-    `grpo` (27 of 8), hidden states within ~2e-6 (sums in another order).
+    `grpo` (27 of 8), hidden states within ~2e-6 (sums in another order). When every prompt has
+    the same number of rows, those rows meet the prompt's keys and values in one matmul instead of
+    a copy each (`_prompt_scores`, `_prompt_values`).
     With the model's activation checkpointing on (`train.gradient_checkpointing`), each block
     keeps only its inputs and recomputes the rest in the backward pass.
     """
@@ -218,6 +231,7 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
     first = new.nonzero().squeeze(-1)
     u_attn = p_attn[first]
     n_prompts = first.shape[0]
+    g = _uniform_group_size(rows, n_prompts)
     at_p = u_attn.nonzero(as_tuple=True)  # the prompts' real positions, packed like the responses'
     ends = u_attn.sum(-1).cumsum(0) - 1  # each prompt's last position in that packing (left-padded)
     h = _embed(model, p_ids[first][at_p], position_ids[first, :width][at_p])  # (Tp, E)
@@ -249,9 +263,11 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
         else:
             op = _attention_weights(qp @ kp.transpose(-1, -2) * scale, mask_p[:, None]) @ vp
             op = op.transpose(1, 2).reshape(n_prompts, width, n_embd)[at_p]
-        a = _attention_weights(torch.cat([qr @ kp[rows].transpose(-1, -2), qr @ kr.transpose(-1, -2)], dim=-1) * scale,
+        a = _attention_weights(torch.cat([_prompt_scores(qkv, qr, kp, rows, g, heads),
+                                          qr @ kr.transpose(-1, -2)], dim=-1) * scale,
                                mask_r)  # one softmax over [its prompt's keys | its own keys]
-        orr = (a[..., :width] @ vp[rows] + a[..., width:] @ vr).transpose(1, 2).reshape(n, length, n_embd)[at]
+        orr = (_prompt_values(a[..., :width], vp, rows, g) + a[..., width:] @ vr)
+        orr = orr.transpose(1, 2).reshape(n, length, n_embd)[at]
         return _finish_merged(block, h, op, eps, n_embd), _finish_merged(block, r, orr, eps, n_embd)
 
     recompute = activation_checkpointing_on(model) and model.training and torch.is_grad_enabled()
@@ -265,3 +281,44 @@ def shared_prompt_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attent
     last[:, 0] = h[rows]
     last[:, 1:][needed[:, :-1]] = r
     return F.layer_norm(last, (last.shape[-1],), tr.ln_f.weight, tr.ln_f.bias, cfg.layer_norm_epsilon)
+
+
+def _uniform_group_size(rows: torch.Tensor, n_prompts: int) -> int:
+    """g when every prompt of the batch has exactly g consecutive rows (`rows` maps each row to its
+    prompt, in order), else 0: the update's prompt attention then scores a prompt's g rows in one
+    matmul (`_prompt_scores`, `_prompt_values`), uneven batches keep one copy of the keys per row."""
+    n = rows.shape[0]
+    if n % n_prompts:
+        return 0
+    g = n // n_prompts
+    return g if bool((rows == torch.arange(n, device=rows.device) // g).all()) else 0
+
+
+def _prompt_scores(qkv: torch.Tensor, qr: torch.Tensor, kp: torch.Tensor, rows: torch.Tensor, g: int,
+                   heads: int) -> torch.Tensor:
+    """Each response row's queries against its prompt's keys, (N, H, L, W), unscaled.
+
+    Why grouped: copying a prompt's keys to each of its rows (`kp[rows]`) moves G copies through
+    memory and makes the backward a scatter-add; with g rows a prompt, the rows' g x L queries
+    (`qkv`'s query part, (N, L, E), a view) meet the prompt's keys in one (g L x W) matmul. On the
+    bench's saved batches (one thread) that cut `grpo`'s update forward + backward by 5-14%
+    (groups of 8); groups of 3 barely change. Same scores, float sums in another order."""
+    if not g:
+        return qr @ kp[rows].transpose(-1, -2)
+    n_prompts, _, width, d = kp.shape
+    length = qkv.shape[1]
+    q = qkv[..., : heads * d].reshape(n_prompts, g * length, heads, d).transpose(1, 2)  # (P, H, g L, d)
+    s = (q @ kp.transpose(-1, -2)).view(n_prompts, heads, g, length, width)
+    return s.transpose(1, 2).reshape(rows.shape[0], heads, length, width)
+
+
+def _prompt_values(a: torch.Tensor, vp: torch.Tensor, rows: torch.Tensor, g: int) -> torch.Tensor:
+    """The prompt part of each row's attention output, (N, H, L, d), from its weights over the
+    prompt's keys `a` (N, H, L, W): one matmul a prompt when it has g rows, as `_prompt_scores`."""
+    if not g:
+        return a @ vp[rows]
+    n_prompts, heads, width, d = vp.shape
+    n, _, length, _ = a.shape
+    w = a.reshape(n_prompts, g, heads, length, width).transpose(1, 2)
+    w = w.reshape(n_prompts, heads, g * length, width)
+    return (w @ vp).view(n_prompts, heads, g, length, d).transpose(1, 2).reshape(n, heads, length, d)

@@ -129,6 +129,58 @@ def test_shared_prompt_logprobs_and_gradients_match_the_plain_forward(policy):
     model.zero_grad(set_to_none=True)
 
 
+def _uneven_groups(model, tok):
+    """Two groups of 6 and two of 3 (a down-sampled or partly replayed batch): no uniform group size."""
+    engine, gen = HFEngine(model, tok, fast=False), torch.Generator().manual_seed(5)
+    groups = [g for prompts, size in ((["1+2=", "0345+0067="], 6), (["12+3+456=", "77+8="], 3))
+              for g in engine.generate([tok(p)["input_ids"] for p in prompts], size, max_new_tokens=7,
+                                       generator=gen)]
+    for i, g in enumerate(groups):
+        g.rewards = torch.tensor([float((i + j) % 2) for j in range(g.size)])
+    return groups
+
+
+@pytest.mark.parametrize("layout", ["uniform", "uneven", "uniform, per-row keys"])
+def test_the_grouped_prompt_attention_and_its_fallback_match_the_plain_forward(policy, monkeypatch, layout):
+    """Equal groups score a prompt's rows in one matmul (`_prompt_scores`); uneven ones, and the
+    per-row path forced on equal ones, copy the prompt's keys to each row: all three give the plain
+    forward's log-probs and gradient."""
+    from dots import fast_decode
+
+    model, tok = policy
+    groups = _uneven_groups(model, tok) if layout == "uneven" else _groups(model, tok)
+    batch = collate(groups, tok.pad_token_id)
+    sizes, real = [], fast_decode._uniform_group_size
+
+    def group_size(rows, n_prompts):  # records the path taken; "per-row keys" forces the fallback
+        sizes.append(0 if "per-row" in layout else real(rows, n_prompts))
+        return sizes[-1]
+
+    monkeypatch.setattr(fast_decode, "_uniform_group_size", group_size)
+    grads = []
+    for shared in (True, False):
+        model.zero_grad(set_to_none=True)
+        logp = token_logprobs(model, batch, 0.7, shared_prompts=shared)
+        grpo_loss(logp, batch)[0].backward()
+        grads.append((logp.detach(), [p.grad.clone() for p in model.parameters()]))
+    assert sizes == [6 if layout == "uniform" else 0]  # the shared forward ran once, on the path named
+    (a, ga), (b, gb) = grads
+    torch.testing.assert_close(a[batch.response_mask], b[batch.response_mask], atol=1e-10, rtol=1e-10)
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y, atol=1e-10, rtol=1e-9)
+    model.zero_grad(set_to_none=True)
+
+
+def test_a_uniform_group_size_needs_every_prompt_to_have_as_many_consecutive_rows():
+    from dots.fast_decode import _uniform_group_size
+
+    assert _uniform_group_size(torch.tensor([0, 0, 0, 1, 1, 1]), 2) == 3
+    assert _uniform_group_size(torch.tensor([0, 1, 2]), 3) == 1
+    assert _uniform_group_size(torch.tensor([0, 0, 1]), 2) == 0  # 3 rows, 2 prompts
+    assert _uniform_group_size(torch.tensor([0, 0, 0, 1]), 2) == 0  # 4 rows, 2 prompts, but 3 + 1
+    assert _uniform_group_size(torch.tensor([0, 1, 1, 2, 2, 2]), 3) == 0
+
+
 def test_shared_prompt_forward_recomputes_each_block_to_the_same_gradient(policy):
     """With activation checkpointing on (`train.gradient_checkpointing`), the shared-prompt forward
     recomputes each block in the backward pass, the last one (prompts cut to their last position)
