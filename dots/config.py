@@ -54,6 +54,9 @@ LR_BY_METHOD = {"grpo": 3e-4, "dots": 3e-4, "rr": 3e-4, "dots_rr": 6e-4, "dapo":
 # eight rollouts"); 4 of 8 was 0.87-0.89x its time with all 8 (two five-seed benches); grpo with 4 of 8 never
 # reached its own end point, and the other methods were not measured.
 DOWNSAMPLE_BY_METHOD = {"dots_rr": 3}
+# train.downsample_ties: which side of the rewards a tie between equally varied subsets favours
+# (dots.downsample reads the same list to check callers outside the config)
+DownsampleTies = Literal["high", "low"]
 # Each replaying method's fresh share (replay.delta_by_method; a method not named takes the paper's 0.5):
 # dots_rr 0.375 (24 fresh and 40 replayed groups of 64), 0.95x its time at 0.5 beyond the interval in two
 # twenty-seed benches (docs/benchmark.md, "A smaller fresh share"); rr tied at 0.375 (ten seeds twice,
@@ -436,7 +439,7 @@ class TrainConfig(_Section):
         "at least rollout.group_size: all G): dots_rr keeps 3 of 8 (with train.downsample_ties: low), "
         "which beat 4 of 8 beyond the interval in two six-seed benches, as 4 had beaten all 8 "
         "(docs/benchmark.md); grpo with 4 of 8 never reached its target; the others were not measured")
-    downsample_ties: Literal["high", "low"] = Field(
+    downsample_ties: DownsampleTies = Field(
         "low", description="when two of a group's m-row subsets vary as much (an odd m with right and wrong "
                            "answers: 2 right + 1 wrong or 1 right + 2 wrong), keep the one with more of the "
                            "lower rewards ('low': dots_rr's 3 of 8 keep 1 right + 2 wrong, 0.86-0.87x the "

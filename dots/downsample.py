@@ -26,14 +26,17 @@ cut the mix of right and wrong is the same either way; only which rows of a kind
 from __future__ import annotations
 
 import dataclasses
+from typing import get_args
 
 import numpy as np
 import torch
 
+from .config import DownsampleTies
 from .rollout import Group
 
 
-TIES = ("high", "low")  # train.downsample_ties: which side of the rewards a tie between splits favours
+# train.downsample_ties: which side of the rewards a tie between splits favours (the config's own list)
+TIES = get_args(DownsampleTies)
 
 
 def max_variance_rows(rewards: torch.Tensor, m: int, ties: str = "low") -> torch.Tensor:
