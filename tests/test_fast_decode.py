@@ -1,6 +1,8 @@
 """The lean GPT-2 decoder must be the same policy as transformers' forward: same logits at
 every decoding step, same greedy answers, same behaviour log-probs for replay."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -95,10 +97,16 @@ def test_dropping_finished_rows_samples_the_same_rollouts(policy, monkeypatch, f
             assert kept and min(kept) < len(prompts) * n
 
 
-def _groups(model, tok):
+def _groups(model, tok, sizes=(6, 6, 6, 6)):
+    """One group a prompt, `sizes[i]` rollouts for prompt i; prompts of equal size in a row are sampled
+    in one call (all of them by default)."""
     prompts = [tok(p)["input_ids"] for p in ["1+2=", "0345+0067=", "12+3+456=", "77+8="]]
-    groups = HFEngine(model, tok, fast=False).generate(prompts, 6, max_new_tokens=7,
-                                                       generator=torch.Generator().manual_seed(2))
+    engine, gen = HFEngine(model, tok, fast=False), torch.Generator().manual_seed(2)
+    groups, i = [], 0
+    for size, run in itertools.groupby(sizes):
+        n = len(list(run))
+        groups += engine.generate(prompts[i:i + n], size, max_new_tokens=7, generator=gen)
+        i += n
     for i, g in enumerate(groups):  # any rewards with a spread: the loss needs non-zero advantages
         g.rewards = torch.tensor([float((i + j) % 2) for j in range(g.size)])
     return groups
@@ -129,17 +137,6 @@ def test_shared_prompt_logprobs_and_gradients_match_the_plain_forward(policy):
     model.zero_grad(set_to_none=True)
 
 
-def _uneven_groups(model, tok):
-    """Two groups of 6 and two of 3 (a down-sampled or partly replayed batch): no uniform group size."""
-    engine, gen = HFEngine(model, tok, fast=False), torch.Generator().manual_seed(5)
-    groups = [g for prompts, size in ((["1+2=", "0345+0067="], 6), (["12+3+456=", "77+8="], 3))
-              for g in engine.generate([tok(p)["input_ids"] for p in prompts], size, max_new_tokens=7,
-                                       generator=gen)]
-    for i, g in enumerate(groups):
-        g.rewards = torch.tensor([float((i + j) % 2) for j in range(g.size)])
-    return groups
-
-
 @pytest.mark.parametrize("layout", ["uniform", "uneven", "uniform, per-row keys"])
 def test_the_grouped_prompt_attention_and_its_fallback_match_the_plain_forward(policy, monkeypatch, layout):
     """Equal groups score a prompt's rows in one matmul (`_prompt_scores`); uneven ones, and the
@@ -148,7 +145,8 @@ def test_the_grouped_prompt_attention_and_its_fallback_match_the_plain_forward(p
     from dots import fast_decode
 
     model, tok = policy
-    groups = _uneven_groups(model, tok) if layout == "uneven" else _groups(model, tok)
+    # uneven: two groups of 6 and two of 3 (a down-sampled or partly replayed batch), no uniform size
+    groups = _groups(model, tok, (6, 6, 3, 3) if layout == "uneven" else (6, 6, 6, 6))
     batch = collate(groups, tok.pad_token_id)
     sizes, real = [], fast_decode._uniform_group_size
 
