@@ -387,7 +387,8 @@ def run_row(cfg: Config, seed: int, label: str, target: float | None, variants: 
            "probe_pearson": mean("dots/probe_pearson"), "pearson_ceiling": mean("dots/pearson_ceiling"),
            "wall_s": summary.get("wall_s"), "tracking_s": summary.get("tracking_s"),
            "orchestration_s": summary.get("orchestration_s"),
-           "process_start_s": summary.get("process_start_s"), "lockstep": summary.get("lockstep")}
+           "process_start_s": summary.get("process_start_s"), "lockstep": summary.get("lockstep"),
+           "resumed_at": summary.get("resumed_at", [])}
     row.update({name: mean(key) for name, key in PEER_FIGURES.items()})
     for part in SPLIT:
         row[f"{part}_s"] = mean(f"time/{part}_s")
@@ -892,6 +893,24 @@ def read_back_note(read_back: list[str], runs: int, root: Path) -> str:
             f"{root / 'checkpoints'} aside (the shared stages can stay), or bench in a clean clone.")
 
 
+def runs_resumed(rows: list[dict]) -> list[str]:
+    """`<arm> seed <s> at step <k>[, <k2>]` for each run that went on from a checkpoint (a killed or
+    stopped bench, run again): its seconds before and after were timed in different sittings."""
+    return [f"{r['method']} seed {r['seed']} at step {', '.join(str(k) for k in r['resumed_at'])}"
+            for r in rows if r.get("resumed_at")]
+
+
+def resumed_note(resumed: list[str], runs: int, root: Path) -> str:
+    """The table's warning that some runs' seconds come from two sittings (`runs_resumed`). Steps,
+    tokens and accuracies are those of an uninterrupted run (resume is exact); seconds are not: the
+    machine's load differed between the sittings, which the load-adjusted figure divides out round by
+    round and the raw one does not."""
+    return (f"\n\nResumed from a checkpoint: {len(resumed)} of {runs} runs ({'; '.join(resumed)}). Their "
+            "steps, tokens and accuracies are an uninterrupted run's, but their seconds were timed in two or "
+            "more sittings under different machine load; read the load-adjusted columns for them. To time "
+            f"them in one sitting, move {root / 'runs'} and {root / 'checkpoints'} aside and bench again.")
+
+
 def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RESULTS,
            dataset: str | Path | None = None, extra: dict | None = None, variants: Sequence[Variant] = ()) -> dict:
     """Read every finished run, write summary.json, table.md and curves.png under out_dir
@@ -917,6 +936,8 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
     table = render(rows, summary, goal_list, methods, checks)
     if read_back := (extra or {}).get("runs_read_back"):
         table += read_back_note(read_back, len(rows), cfg.root)
+    if resumed := runs_resumed(rows):
+        table += resumed_note(resumed, len(rows), cfg.root)
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"date": time.strftime("%Y-%m-%d"), "methods": methods, "seeds": seeds,
               "steps": cfg.train.steps, "targets": targets, "baseline_targets": own_targets,
@@ -924,7 +945,7 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
               "timing": {"mode": timing(cfg), "workers": workers(cfg), "threads": seed_config(cfg, seeds[0]).train.threads},
               "eval_samples": cfg.eval.samples, "smooth": cfg.eval.smooth, "confidence": CONFIDENCE,
               "summary": summary, "task_checks": checks, "goals": goal_list,
-              "predictor_round": rnd, "runs_wall_s": runs_wall_s(rows), "runs": rows,
+              "predictor_round": rnd, "runs_wall_s": runs_wall_s(rows), "runs": rows, "runs_resumed": resumed,
               "variants": {v.label: {"method": v.method, "overrides": list(v.overrides)} for v in variants},
               **(extra or {})}
     write_text(out_dir / "summary.json", json.dumps(json_safe(result), indent=1))

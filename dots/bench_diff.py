@@ -106,6 +106,8 @@ def compare_benches(a: dict, b: dict, tolerance: float = TOLERANCE) -> dict:
     judged = judged_ratio(verdicts)
     return {"tolerance": tolerance, "ratios": ratios, "worst": worst, "mismatched_runs": mismatched,
             "moved_runs": moved_runs(a, b), "verdicts": verdicts, "judged": judged,
+            "not_one_sitting": {"read_back": [a.get("runs_read_back") or [], b.get("runs_read_back") or []],
+                                "resumed": [a.get("runs_resumed") or [], b.get("runs_resumed") or []]},
             "within": not mismatched and (judged is None or verdicts[judged]["within"])}
 
 
@@ -145,6 +147,20 @@ def moved_runs(a: dict, b: dict, threshold: float = MOVED) -> list[dict]:
     return sorted(out, key=lambda x: -abs(x["shift"]))
 
 
+def sitting_caveats(not_one_sitting: dict) -> list[str]:
+    """Lines naming the runs whose seconds a bench did not time in one sitting of its own: read back
+    from an earlier bench (`dots.bench.runs_finished_before`: then both benches may hold the very same
+    seconds, and their agreement proves nothing) or resumed from a checkpoint (`dots.bench.runs_resumed`)."""
+    lines = []
+    for kind, what in (("read_back", "read back from an earlier bench, not timed by it"),
+                       ("resumed", "resumed from a checkpoint, timed in more than one sitting")):
+        for label, runs in zip("AB", not_one_sitting.get(kind, ([], []))):
+            if runs:
+                n = f"{len(runs)} run{'s' * (len(runs) != 1)}"
+                lines.append(f"Bench {label}: {n} {what}: {'; '.join(runs)}.")
+    return lines
+
+
 def _f(x) -> str:
     return "—" if x is None else f"{x:.3f}"
 
@@ -180,6 +196,7 @@ def render_comparison(result: dict, label_a: str = "A", label_b: str = "B") -> s
         lines.append(f"Runs whose seconds moved more than {MOVED:.0%} apart from their seed's other arms "
                      f"({result['moved_runs'][0]['seconds']}, B / A over the seed's median):")
         lines += [f"- {m['method']} seed {m['seed']}: {m['shift']:+.1%}" for m in result["moved_runs"]]
+    lines += sitting_caveats(result.get("not_one_sitting", {}))
     names = {TIME_RATIOS[0]: "Raw seconds", TIME_RATIOS[1]: "Load-adjusted seconds"}
     for kind, v in result["verdicts"].items():
         w = v["worst"]

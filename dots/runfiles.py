@@ -56,6 +56,7 @@ class RunResult:
     steps_to_target: float | None = None  # read between evaluations (`Crossing`)
     summary: dict = field(default_factory=dict)
     final_smoothed: float | None = None  # mean of the last eval.smooth evaluations
+    resumed_at: list[int] = field(default_factory=list)  # steps it went on from a checkpoint (Trainer)
 
 
 def smoothed(evals: list[dict], window: int = 1) -> list[float]:
@@ -154,6 +155,7 @@ def summarize(result: RunResult) -> dict:
         "initial_accuracy": result.evals[0]["accuracy"] if result.evals else None,
         "final_accuracy_smoothed": result.final_smoothed,
         "accuracy_se": result.evals[-1].get("accuracy_se") if result.evals else None,
+        "resumed_at": list(result.resumed_at),
     }
     if result.records:  # machine-independent costs of the whole run
         last = result.records[-1]

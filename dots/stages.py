@@ -476,7 +476,8 @@ def compare(cfg: Config, methods: list[str] | None = None) -> dict:
                      "final_accuracy": summary["final_accuracy"], "initial_accuracy": summary["initial_accuracy"],
                      "elapsed_s": summary["elapsed_s"], "mean_step_s": summary.get("mean:time/step_s"),
                      "effective_ratio": summary.get("mean:train/effective_ratio"),
-                     "dots_pearson": summary.get("mean:dots/pearson")})
+                     "dots_pearson": summary.get("mean:dots/pearson"),
+                     "resumed_at": summary.get("resumed_at", [])})
         if p.evaluation(m).exists():  # evaluate@<method> ran: its held-out metrics join the row
             rows[-1]["heldout"] = heldout_metrics(json.loads(p.evaluation(m).read_text()))
     base = next((r for r in rows if r["method"] == "grpo"), None)
@@ -521,4 +522,10 @@ def render_table(comparison: dict) -> str:
                      f"{f(r.get('end_point_diff'), '+.3f')} | {f(r.get('equal_time_diff'), '+.3f')} | "
                      f"{f(r['mean_step_s'], '.3f')} | {f(r['effective_ratio'], '.2f')} | "
                      f"{f(r['dots_pearson'], '.2f')} |")
+    resumed = [f"{r['method']} at step {', '.join(str(k) for k in r['resumed_at'])}"
+               for r in comparison["rows"] if r.get("resumed_at")]
+    if resumed:  # its steps and accuracies are an uninterrupted run's; its seconds are not one sitting's
+        lines += ["", f"Resumed from a checkpoint: {'; '.join(resumed)}. A resumed run's seconds were "
+                  "timed in more than one sitting, under different machine load; "
+                  "`dots train --method M --restart` times it in one."]
     return "\n".join(lines)

@@ -44,7 +44,7 @@ from .determinism import setup_from_config
 from .checkpoints import CHECKPOINT, load_checkpoint, save_checkpoint
 from .config import TRAITS, Config
 from .data import Question
-from .distributed import SINGLE, Dist, rank_generator, setup
+from .distributed import rank_generator, setup
 from .embeddings import backbone_identity
 from .evaluation import greedy_accuracy, pass_rates, task_io
 from .faults import fault_point
@@ -135,6 +135,9 @@ class Trainer:
         # fixed, uniform probe of the pool for the frontier diagnostic
         self.records: list[dict] = []
         self.evals: list[dict] = []
+        # steps at which this run went on from a checkpoint: its seconds before and after each were
+        # timed in different sittings, under different machine load (the bench says so)
+        self.resumed_at: list[int] = []
         if resume:
             self._restore()
         elif self.dist.main:
@@ -454,7 +457,8 @@ class Trainer:
         target = self.cfg.train.target_accuracy if target is None else target
         tts, sts = time_to_target(self.evals, target, self.cfg.eval.smooth)
         res = RunResult(self.method, self.records, self.evals, self.evals[-1]["accuracy"], target, tts, sts,
-                        final_smoothed=final_smoothed(self.evals, self.cfg.eval.smooth))
+                        final_smoothed=final_smoothed(self.evals, self.cfg.eval.smooth),
+                        resumed_at=list(self.resumed_at))
         res.summary = write_run_files(self.run_dir, self.cfg, res) if self.dist.main else summarize(res)
         return res
 
@@ -474,7 +478,7 @@ class Trainer:
             model_state, opt_state = self.model.state_dict(), self.opt.state_dict()
         save_checkpoint(self.checkpoint_dir, {
             "method": self.method, "fingerprint": self._run_fingerprint(),
-            "step": self.step, "elapsed": self.elapsed,
+            "step": self.step, "elapsed": self.elapsed, "resumed_at": list(self.resumed_at),
             "model": model_state, "optimizer": opt_state,
             "np_rng": self.np_rng.bit_generator.state, "torch_gen": self.gen.get_state(),
             "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(),
@@ -566,6 +570,9 @@ class Trainer:
         self.engine.sync_weights(self.model)  # a vLLM engine still holds the warm-up weights it loaded
         self.step, self.elapsed = state["step"], state["elapsed"]
         self.records, self.evals = state["records"], state["evals"]
+        self.resumed_at = [int(s) for s in state.get("resumed_at", [])]
+        if self.step < self.cfg.train.steps:  # a finished run read back trains nothing in this sitting
+            self.resumed_at.append(int(self.step))
         if self.records:
             last = self.records[-1]
             self.totals = {"tokens_sampled": last["tokens/sampled_total"], "tokens_trained": last[

@@ -234,11 +234,36 @@ def test_a_rerun_reads_finished_runs_back_instead_of_training(bench_run):
     assert again["runs_wall_s"] == pytest.approx(first["runs_wall_s"]) and first["runs_wall_s"] > 0
     # and it says its seconds are the first bench's, run by run; the first bench timed all its own
     assert first["runs_read_back"] == [] and "Read back" not in (root / "results" / "table.md").read_text()
+    assert first["runs_resumed"] == [] and "Resumed" not in (root / "results" / "table.md").read_text()
     every = [f"{arm} seed {s}" for s, arm in bench.run_order(ARMS, [0, 1])]
     assert again["runs_read_back"] == every
     note = (root / "results2" / "table.md").read_text()
     assert f"Read back, not timed by this bench: {len(every)} of {len(every)} runs" in note
     assert str(cfg.root / "runs") in note
+
+
+def test_a_resumed_run_is_named_beside_the_table(tmp_path):
+    rows = [{**_row("grpo", 0, 10.0, 100), "resumed_at": []},
+            {**_row("dots_rr", 0, 5.0, 60), "resumed_at": [150]},
+            {**_row("dots_rr", 1, 5.0, 60), "resumed_at": [50, 250]}, _row("grpo", 1, 10.0, 100)]
+    resumed = bench.runs_resumed(rows)
+    assert resumed == ["dots_rr seed 0 at step 150", "dots_rr seed 1 at step 50, 250"]
+    note = bench.resumed_note(resumed, len(rows), tmp_path)
+    assert ("Resumed from a checkpoint: 2 of 4 runs (dots_rr seed 0 at step 150; "
+            "dots_rr seed 1 at step 50, 250)") in note and str(tmp_path / "checkpoints") in note
+    assert bench.runs_resumed([_row("grpo", 0, 10.0, 100)]) == []  # rows of a bench before resumed_at existed
+
+
+def test_the_comparison_names_a_resumed_run():
+    from dots import stages
+
+    row = {"method": "grpo", "time_to_target_s": 10.0, "steps_to_target": 300.0, "final_accuracy": 0.3,
+           "time_to_target_ratio": 1.0, "end_point_diff": 0.0, "equal_time_diff": 0.0, "mean_step_s": 0.1,
+           "effective_ratio": 0.5, "dots_pearson": None, "resumed_at": []}
+    rows = [row, {**row, "method": "dots_rr", "resumed_at": [150]}]
+    table = stages.render_table({"target_accuracy": 0.3, "rows": rows})
+    assert "Resumed from a checkpoint: dots_rr at step 150. A resumed run's seconds" in table
+    assert "Resumed" not in stages.render_table({"target_accuracy": 0.3, "rows": rows[:1]})
 
 
 def test_the_runs_wall_clock_counts_each_lockstep_group_once():

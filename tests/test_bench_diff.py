@@ -143,3 +143,20 @@ def test_the_runs_whose_seconds_moved_apart_from_their_seeds_arms_are_named():
     for r in a["runs"] + b["runs"]:  # arms timed one after another (GPU): raw seconds, which moved alike here
         r["time_to_target_adjusted_s"] = None
     assert moved_runs(a, b) == []
+
+
+def test_runs_not_timed_in_one_sitting_of_their_bench_are_named():
+    """A second bench that read A's runs back holds A's very seconds (its agreement proves nothing);
+    a resumed run's seconds span sittings. Both are named; a bench of its own runs says nothing."""
+    a, b = _summary(), _summary()
+    assert "Bench A:" not in (clean := render_comparison(compare_benches(a, b))) and "Bench B:" not in clean
+    b["runs_read_back"] = ["grpo seed 0", "dots_rr seed 0"]
+    a["runs_resumed"] = ["dots_rr seed 1 at step 150"]
+    result = compare_benches(a, b)
+    assert result["not_one_sitting"] == {"read_back": [[], ["grpo seed 0", "dots_rr seed 0"]],
+                                         "resumed": [["dots_rr seed 1 at step 150"], []]}
+    text = render_comparison(result)
+    assert "Bench B: 2 runs read back from an earlier bench, not timed by it: grpo seed 0; dots_rr seed 0." \
+        in text
+    assert ("Bench A: 1 run resumed from a checkpoint, timed in more than one sitting: "
+            "dots_rr seed 1 at step 150.") in text

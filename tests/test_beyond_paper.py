@@ -3,6 +3,8 @@ groups, and a predictor whose calibration is refitted online from each round's o
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 
@@ -64,6 +66,11 @@ def test_dots_rr_with_every_switch_trains_and_resumes_exactly(tiny_pipeline, pip
     _, second = _trainer(tiny_pipeline, pipeline_data, "dots_rr", tmp_path / "split", *extra, resume=True)
     resumed = second.run()
     assert [r["train/loss"] for r in full.records] == [r["train/loss"] for r in resumed.records]
+    # the resumed run says where it went on (its seconds span two sittings); the whole one does not
+    assert full.summary["resumed_at"] == [] and resumed.summary["resumed_at"] == [3]
+    assert json.loads((tmp_path / "split" / "summary.json").read_text())["resumed_at"] == [3]
+    _, third = _trainer(tiny_pipeline, pipeline_data, "dots_rr", tmp_path / "split", *extra, resume=True)
+    assert third.step == 6 and third.run().summary["resumed_at"] == [3]  # a finished run trains nothing more
     for key, value in whole.predictor.calibration.state_dict().items():
         assert torch.equal(value, second.predictor.calibration.state_dict()[key])
     for key, value in whole.model.state_dict().items():

@@ -215,11 +215,24 @@ def test_killed_runs_resume_to_the_uninterrupted_state(tiny_pipeline, tmp_path, 
     a = load_tensors(ref_root / "checkpoints" / METHOD / "checkpoint.pt", "checkpoint")
     b = load_tensors(root / "checkpoints" / METHOD / "checkpoint.pt", "checkpoint")
     assert a["step"] == b["step"] == 6 and len(b["buffer"]["groups"]) > 0 and b["round"]["pred"] is not None
-    _same({k: v for k, v in a.items() if k != "fingerprint"}, {k: v for k, v in b.items() if k != "fingerprint"})
+    # apart from where the chain went on from a checkpoint (`resumed_at`: its seconds span sittings)
+    _same({k: v for k, v in a.items() if k not in ("fingerprint", "resumed_at")},
+          {k: v for k, v in b.items() if k not in ("fingerprint", "resumed_at")})
     for name in ("records.jsonl", "evals.json", "summary.json"):
         ra, rb = ((r / "runs" / METHOD / name).read_text() for r in (ref_root, root))
         parse = (lambda t: [json.loads(x) for x in t.splitlines()]) if name.endswith("l") else json.loads
-        _same(parse(ra), parse(rb), name)
+        if name == "summary.json":
+            ra, rb = parse(ra), parse(rb)
+            assert a["resumed_at"] == ra.pop("resumed_at") == []
+            # each resume that lived to write a checkpoint, the finishing attempt's last (unless it
+            # went on from the final checkpoint: a finished run trains nothing more)
+            assert b["resumed_at"] == rb.pop("resumed_at") and all(0 < k < 6 for k in b["resumed_at"])
+            seen = {k["resumed_from"] for k in kills if k.get("resumed")} | {resumed_from}
+            assert set(b["resumed_at"]) <= seen
+            assert b["resumed_at"][-1] == resumed_from if 0 < resumed_from < 6 else b["resumed_at"]
+            _same(ra, rb, name)
+        else:
+            _same(parse(ra), parse(rb), name)
     # MLflow: one training run continued by every retry, every step's metrics once, the same values
     _, hist_a = _metric_histories(ref_root)
     ids_b, hist_b = _metric_histories(root)

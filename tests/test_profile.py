@@ -23,7 +23,7 @@ PROFILE = REPO / "configs" / "qwen2.5-math-1.5b-deepscaler.yaml"
 
 def test_the_gpu_profile_validates_and_dots_plan_fits_it_on_one_80gb_gpu(monkeypatch, capsys):
     monkeypatch.chdir(REPO)  # the profile's paths (plan_config, the dataset) are relative to the repository
-    cfg = load_config(PROFILE)  # every field and cross-field check passes
+    load_config(PROFILE)  # every field and cross-field check passes
     assert main(["plan", "-p", str(PROFILE), "-S", "train.memory_gb=80"]) == 0
     assert "fits" in capsys.readouterr().out
     plan, _ = plan_for(load_config(PROFILE, ["train.memory_gb=80"]))
