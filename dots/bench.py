@@ -964,6 +964,27 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
     return result
 
 
+def _twice(values: Sequence) -> list:
+    return sorted({v for v in values if list(values).count(v) > 1})
+
+
+def check_seeds_and_methods(cfg: Config, seeds: Sequence[int], methods: Sequence[str]) -> None:
+    """Refuse, before the shared stages' minutes, what would fail or collide later: no seed; a seed or
+    a method given twice (two processes would train one run folder at once, or a lockstep group would
+    hold one arm twice); a seed the run's config refuses (negative: numpy's error names no key)."""
+    if not seeds:
+        raise ConfigError("--seeds: give at least one seed")
+    if dup := _twice(seeds):
+        raise ConfigError(f"--seeds: {', '.join(map(str, dup))} given twice; each seed's runs train once")
+    if dup := _twice(methods):
+        raise ConfigError(f"--methods: {', '.join(dup)} given twice")
+    for seed in seeds:
+        try:
+            seed_config(cfg, seed)
+        except ConfigError as exc:
+            raise ConfigError(f"--seeds {seed}: {exc}") from None
+
+
 def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, out_dir: Path = RESULTS,
               dataset: str | Path | None = None,
               runner: Callable[..., dict] | None = None, variants: Sequence[Variant] = ()) -> dict:
@@ -973,6 +994,7 @@ def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, o
     methods = list(methods or BENCH_METHODS)
     if "grpo" not in methods:
         raise ValueError("bench: methods must include grpo (it defines the target)")
+    check_seeds_and_methods(cfg, seeds, methods)
     labels = [v.label for v in variants]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"--variant: labels must differ; got {labels}")

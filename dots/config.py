@@ -69,6 +69,11 @@ class ConfigError(ValueError):
     """A config value is missing, unknown or out of range. The message names the key."""
 
 
+# numpy's generators take no negative seed (its error names no key), torch's none of 2**64 or more;
+# the trainer adds offsets to a seed (ranks, evaluations), so the bound leaves room below both.
+MAX_SEED = 2**62
+
+
 def _range(lo: float | None = None, hi: float | None = None, *, lo_open=False, hi_open=False,
            default: Any = ..., desc: str = "") -> Any:
     """A Field whose allowed range is both enforced and quoted back in error messages."""
@@ -167,7 +172,8 @@ class TaskConfig(_Section):
     prompt_template: Literal["plain", "chat"] = Field("plain", description="'chat' wraps each question in the "
                                                                            "tokenizer's chat template")
     system_prompt: str | None = Field(None, description="system turn of the chat template (chat only)")
-    seed: int = Field(0, description="seed of the question generator and of the pool/eval split")
+    seed: int = _range(0, MAX_SEED, default=0,
+                       desc="seed of the question generator and of the pool/eval split")
     pool_size: int = _range(16, None, default=16384, desc="training pool questions DOTS selects from")
     eval_size: int = _range(16, None, default=2048, desc="held-out questions for accuracy (>= 2048 for "
                                                           "differences above noise)")
@@ -365,9 +371,10 @@ class EvalConfig(_Section):
                                                  "while the policy sharpens); 'greedy': exact match of one "
                                                  "greedy answer (saturates early)")
     samples: int = _range(1, None, default=2, desc="k answers per held-out question (sampled metric)")
-    seed: int = Field(1234, description="seed of the evaluation's sampling, the same at every evaluation "
-                                        "and for every method (common random numbers: differences between "
-                                        "two evaluations come from the policy, not from the dice)")
+    seed: int = _range(0, MAX_SEED, default=1234,
+                       desc="seed of the evaluation's sampling, the same at every evaluation and for every "
+                            "method (common random numbers: differences between two evaluations come from "
+                            "the policy, not from the dice)")
     smooth: int = _range(1, None, default=3, desc="evaluations averaged (trailing) before the curve is "
                                                   "compared with the target; the target is grpo's mean of "
                                                   "its last `smooth` evaluations")
@@ -390,7 +397,8 @@ class EvaluateConfig(_Section):
 
     samples: int = _range(0, None, default=4, desc="k sampled answers per question at rollout.temperature "
                                                    "for pass@k and mean@k (0: greedy accuracy only)")
-    seed: int = Field(0, description="sampling seed (the same for every method: common random numbers)")
+    seed: int = _range(0, MAX_SEED, default=0,
+                       desc="sampling seed (the same for every method: common random numbers)")
     sets: list[HeldoutSet] = Field(default_factory=list, description="extra held-out sets beside the task's "
                                    "own (named 'task'): [{name, path, question, answer, id, ...}]")
 
@@ -409,7 +417,7 @@ class TrainConfig(_Section):
                                                   "greso, and greso_rr (GRESO's fresh groups with replay)")
     methods: list[Method] = Field(default_factory=lambda: ["grpo", "dots_rr"],
                                   description="methods `dots compare` and `make run` train side by side")
-    seed: int = Field(0, description="seed of rollouts, selection and replay sampling")
+    seed: int = _range(0, MAX_SEED, default=0, desc="seed of rollouts, selection and replay sampling")
     steps: int = _range(1, None, default=300, desc="step budget shared by every method")
     batch_size: int = _range(1, None, default=64, desc="B, question groups per step")
     lr: float | None = _range(0, 1, lo_open=True, default=None,

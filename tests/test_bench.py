@@ -18,7 +18,7 @@ import pytest
 
 from dots import bench, time_split
 from dots.runfiles import crossing
-from dots.config import load_config, with_overrides
+from dots.config import ConfigError, load_config, with_overrides
 
 from .conftest import REPO, SHARED_DATA, mlflow_runs, require_shared, tiny_overrides
 
@@ -252,6 +252,20 @@ def test_a_resumed_run_is_named_beside_the_table(tmp_path):
     assert ("Resumed from a checkpoint: 2 of 4 runs (dots_rr seed 0 at step 150; "
             "dots_rr seed 1 at step 50, 250)") in note and str(tmp_path / "checkpoints") in note
     assert bench.runs_resumed([_row("grpo", 0, 10.0, 100)]) == []  # rows of a bench before resumed_at existed
+
+
+@pytest.mark.parametrize("seeds, methods, message", [
+    ([-1], ["grpo", "dots_rr"], r"--seeds -1: invalid config:\n  train.seed: .*got -1"),
+    ([0, 1, 0], ["grpo", "dots_rr"], "--seeds: 0 given twice"),
+    ([], ["grpo", "dots_rr"], "--seeds: give at least one seed"),
+    ([0], ["grpo", "dots_rr", "grpo"], "--methods: grpo given twice"),
+])
+def test_bad_seeds_or_methods_are_refused_before_any_work(tmp_path, seeds, methods, message):
+    cfg = bench.bench_config(load_config(REPO / "params.yaml", [f"paths.root={tmp_path / 'artifacts'}"]))
+    with pytest.raises(ConfigError, match=message):
+        bench.run_bench(cfg, seeds, methods, tmp_path / "results")
+    # refused before the shared stages: nothing written
+    assert not (tmp_path / "artifacts").exists() and not (tmp_path / "results").exists()
 
 
 def test_the_comparison_names_a_resumed_run():

@@ -21,6 +21,12 @@ def test_selection_tau_must_be_positive(value):
     refused([f"selection.tau={value}"], "selection.tau", "(0, inf)")
 
 
+@pytest.mark.parametrize("key", ["task.seed", "train.seed", "eval.seed", "evaluate.seed"])
+def test_a_negative_seed_is_refused_naming_its_key(key):
+    """numpy's own error ("expected non-negative integer") named no key, and came after the warm-up."""
+    refused([f"{key}=-1"], key, "[0, 4611686018427387904]")
+
+
 def test_group_size_of_onerefused():
     refused(["rollout.group_size=1"], "rollout.group_size", "[2, inf)")
 
