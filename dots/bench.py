@@ -985,6 +985,18 @@ def check_seeds_and_methods(cfg: Config, seeds: Sequence[int], methods: Sequence
             raise ConfigError(f"--seeds {seed}: {exc}") from None
 
 
+def writable_out(out_dir: Path) -> None:
+    """The report's folder, made now: a file in its place or no right to write there would
+    otherwise fail the bench after every run had trained (the runs are kept, the tables not)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".write-check-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"--out {out_dir}: cannot write the report there ({exc.strerror or exc})") from None
+
+
 def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, out_dir: Path = RESULTS,
               dataset: str | Path | None = None,
               runner: Callable[..., dict] | None = None, variants: Sequence[Variant] = ()) -> dict:
@@ -1001,6 +1013,9 @@ def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, o
     for v in variants:
         if v.method not in methods:
             raise ConfigError(f"--variant {v.label}: its method {v.method} must be benched too (add it to --methods)")
+    writable_out(Path(out_dir))
+    if dataset is not None and not Path(dataset).exists():
+        say(f"bench: --dataset {dataset}: no such file; the predictor round will not be timed")
     all_arms = arms(methods, variants)
     if cfg.tracking.enabled and "DOTS_PIPELINE_ID" not in os.environ:  # one MLflow parent for every seed
         from .tracking import git_commit  # noqa: PLC0415

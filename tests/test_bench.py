@@ -268,6 +268,15 @@ def test_bad_seeds_or_methods_are_refused_before_any_work(tmp_path, seeds, metho
     assert not (tmp_path / "artifacts").exists() and not (tmp_path / "results").exists()
 
 
+def test_an_out_folder_it_cannot_write_is_refused_before_any_work(tmp_path):
+    cfg = bench.bench_config(load_config(REPO / "params.yaml", [f"paths.root={tmp_path / 'artifacts'}"]))
+    (tmp_path / "taken").write_text("a file, not a folder")
+    with pytest.raises(ConfigError, match="--out .*taken: cannot write the report there"):
+        bench.run_bench(cfg, [0], ["grpo", "dots_rr"], tmp_path / "taken")
+    assert not (tmp_path / "artifacts").exists()
+    assert (tmp_path / "taken").read_text() == "a file, not a folder"
+
+
 def test_the_comparison_names_a_resumed_run():
     from dots import stages
 
