@@ -28,6 +28,7 @@ from .checkpoints import load_checkpoint
 from .config import Config
 from .evaluation import greedy_accuracy, pass_rates, task_io
 from .models import load_policy, resolve_device
+from .rollout import context_positions
 from .engines import engine_for
 
 
@@ -48,6 +49,7 @@ def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path,
         if state is None:
             raise FileNotFoundError(f"{ckpt}: no training checkpoint here")
         model.load_state_dict(state["model"])
+    check_prompts_fit(cfg, model, tok, {Path(data["path"]).name: questions})
     model.to(resolve_device(cfg.train.device)).eval()
     engine = engine_for(cfg, model, tok, seed=seed, sleep_mode=False)
     engine.sync_weights(model)  # a vLLM engine loaded the folder's weights, not the checkpoint's
@@ -59,6 +61,25 @@ def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path,
     }
     out["seconds"] = time.perf_counter() - start
     return out
+
+
+def check_prompts_fit(cfg: Config, model, tok, sets: dict[str, list]) -> None:
+    """Refuse, before an engine starts, a set whose prompts and rollout.max_new_tokens overrun the
+    policy's positions: the embedded GPT-2 (64 positions) given a competition-math set crashed
+    deep inside its position embedding ("IndexError: index out of range in self")."""
+    limit = context_positions(model)
+    if limit is None:
+        return
+    io, new = task_io(cfg), cfg.rollout.max_new_tokens
+    for name, questions in sets.items():
+        lengths = [len(p) for p in io.encode(tok, questions)]
+        over = [(q, n) for q, n in zip(questions, lengths) if n + new > limit]
+        if over:
+            q, n = over[0]
+            raise ValueError(f"{name}: {len(over)} of {len(questions)} prompts do not fit the policy's "
+                             f"{limit} positions with rollout.max_new_tokens={new} (the first: id {q.id}, "
+                             f"{n} prompt tokens); evaluate it with a policy of a longer context (--policy, "
+                             "model.pretrained)")
 
 
 def score(cfg: Config, engine, tok, questions: list, samples: int, seed: int) -> dict[str, Any]:

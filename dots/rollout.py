@@ -138,6 +138,11 @@ class HFEngine:
             order.append(len(unique) - 1)
         rows = torch.tensor(order, dtype=torch.long, device=device)
         width = max(len(p) for p in unique)
+        limit = context_positions(self.model)
+        if limit is not None and width + max_new_tokens > limit:  # else an IndexError deep in the model
+            raise ValueError(f"rollout: a prompt of {width} tokens and max_new_tokens={max_new_tokens} do "
+                             f"not fit the policy's {limit} positions (model.n_positions, or a model of a "
+                             "longer context)")
         n = len(prompts)
         ids = torch.full((len(unique), width), self._pad, dtype=torch.long)
         attn = torch.zeros((len(unique), width), dtype=torch.long)
@@ -206,6 +211,16 @@ class HFEngine:
             groups.append(Group(question_id=q, prompt_ids=torch.tensor(prompt, dtype=torch.long),
                                 response_ids=ids[sl], response_mask=mask[sl], logprobs=lp[sl], texts=texts[sl]))
         return groups
+
+
+def context_positions(model) -> int | None:
+    """How many positions the policy can attend over (GPT-2's n_positions, most others'
+    max_position_embeddings); None when its config says neither."""
+    cfg = getattr(model, "config", None)
+    for key in ("n_positions", "max_position_embeddings"):
+        if isinstance(getattr(cfg, key, None), int):
+            return getattr(cfg, key)
+    return None
 
 
 def decode_responses(tokenizer, ids: torch.Tensor, mask: torch.Tensor, eos: int) -> list[str]:

@@ -417,7 +417,7 @@ def evaluate(cfg: Config, method: str | None = None) -> dict:
     the model loads. Writes evaluations/<method>/metrics.json and logs heldout/<set>/<metric> to the
     method's MLflow run."""
     from .datasets import load_pool  # noqa: PLC0415
-    from .heldout import score  # noqa: PLC0415
+    from .heldout import check_prompts_fit, score  # noqa: PLC0415
 
     method = method or cfg.train.method
     p = paths(cfg)
@@ -431,6 +431,7 @@ def evaluate(cfg: Config, method: str | None = None) -> dict:
     start = time.perf_counter()
     setup_from_config(cfg)
     model, tok = load_policy(folder, getattr(torch, cfg.model.dtype))
+    check_prompts_fit(cfg, model, tok, sets)
     model.to(resolve_device(cfg.train.device)).eval()
     engine = engine_for(cfg, model, tok, seed=cfg.evaluate.seed, sleep_mode=False)
     results = {}

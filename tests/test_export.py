@@ -168,3 +168,24 @@ def test_evaluate_refuses_a_method_without_an_export(trained):
     cfg, _ = trained
     with pytest.raises(FileNotFoundError, match="dots train --method dots"):
         stages.evaluate(cfg, "dots")
+
+
+def test_evaluate_refuses_a_set_whose_prompts_overrun_the_policy_before_any_rollout(tiny_pipeline, tmp_path,
+                                                                                      capsys):
+    """The embedded GPT-2 holds 64 positions; a math set's long prompts crashed inside its position
+    embedding. Now the set is refused naming how many prompts, the first one's id and length."""
+    from dots.cli import main
+
+    from .conftest import tiny_overrides
+
+    data = tmp_path / "long.jsonl"
+    rows = [{"q": "1+2=", "a": "3", "i": 0}, {"q": "1+" * 40 + "1=", "a": "41", "i": 7}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["evaluate", "-p", str(tmp_path / "none.yaml"), "--data", str(data), "--question", "q",
+            "--answer", "a", "--id", "i"]
+    for o in tiny_overrides(tiny_pipeline.root):
+        argv += ["-S", o]
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert "long.jsonl: 1 of 2 prompts do not fit the policy's 64 positions with rollout.max_new_tokens=" in err
+    assert "(the first: id 7, 83 prompt tokens)" in err and "IndexError" not in err

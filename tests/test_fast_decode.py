@@ -70,6 +70,19 @@ def test_engine_rollouts_agree_with_and_without_the_fast_path(policy):
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["gpt2-decoder", "transformers-cache"])
+def test_a_prompt_beyond_the_policys_positions_is_refused_by_name(policy, fast):
+    """48 positions: a 40-token prompt leaves room for 8 new tokens, not 9. Past that the position
+    embedding raised a bare IndexError (GPT-2) from deep inside the model."""
+    model, tok = policy
+    prompt = tok("1+" * 19 + "=")["input_ids"]  # bos + 39 characters
+    assert len(prompt) == 40
+    engine = HFEngine(model, tok, fast=fast)
+    assert len(engine.generate([prompt], 1, max_new_tokens=8, greedy=True)) == 1
+    with pytest.raises(ValueError, match="a prompt of 40 tokens and max_new_tokens=9 do not fit the policy's 48"):
+        engine.generate([prompt], 1, max_new_tokens=9, greedy=True)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["gpt2-decoder", "transformers-cache"])
 def test_dropping_finished_rows_samples_the_same_rollouts(policy, monkeypatch, fast):
     """Rows that reached their eos leave the decode batch (`HFEngine.drop_finished`): the same
     seeded generator must give the same tokens and log-probs as decoding every row to the end,
