@@ -47,6 +47,7 @@ import json
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -59,7 +60,8 @@ from .config import BENCH_METHODS, METHODS, TRAITS, Config, ConfigError, with_ov
 from .machine_load import adjusted_seconds, round_loads
 from .progress import say
 from .runfiles import json_safe
-from .runfiles import Crossing, crossing, equal_time_difference, final_smoothed, smoothed, step_seconds
+from .runfiles import (Crossing, crossing, equal_time_difference, final_smoothed, resumed_label, smoothed,
+                       step_seconds)
 
 RESULTS = Path("results/bench")
 SHARED_SECTIONS = ("task", "model", "warmup", "embed", "label", "predictor", "rollout", "selection.ref_size")
@@ -896,7 +898,7 @@ def read_back_note(read_back: list[str], runs: int, root: Path) -> str:
 def runs_resumed(rows: list[dict]) -> list[str]:
     """`<arm> seed <s> at step <k>[, <k2>]` for each run that went on from a checkpoint (a killed or
     stopped bench, run again): its seconds before and after were timed in different sittings."""
-    return [f"{r['method']} seed {r['seed']} at step {', '.join(str(k) for k in r['resumed_at'])}"
+    return [resumed_label(f"{r['method']} seed {r['seed']}", r["resumed_at"])
             for r in rows if r.get("resumed_at")]
 
 
@@ -965,7 +967,7 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
 
 
 def _twice(values: Sequence) -> list:
-    return sorted({v for v in values if list(values).count(v) > 1})
+    return sorted(v for v, n in Counter(values).items() if n > 1)
 
 
 def check_seeds_and_methods(cfg: Config, seeds: Sequence[int], methods: Sequence[str]) -> None:

@@ -59,6 +59,11 @@ class RunResult:
     resumed_at: list[int] = field(default_factory=list)  # steps it went on from a checkpoint (Trainer)
 
 
+def resumed_label(name: str, resumed_at: list[int]) -> str:
+    """`<name> at step k[, k2]`: how a table names a run that went on from a checkpoint (`resumed_at`)."""
+    return f"{name} at step {', '.join(str(k) for k in resumed_at)}"
+
+
 def smoothed(evals: list[dict], window: int = 1) -> list[float]:
     """Trailing mean of the last `window` evaluations' accuracy at each evaluation (fewer at the
     start): one noisy evaluation can neither set the target nor reach it."""

@@ -34,7 +34,7 @@ from .predictor import load_predictor, save_predictor
 from .predictor_training import fit_predictor
 from .progress import Progress, say
 from .engines import close_engine, engine_for
-from .runfiles import equal_time_difference, final_smoothed, smoothed, time_to_target
+from .runfiles import equal_time_difference, final_smoothed, resumed_label, smoothed, time_to_target
 from .trainer import Trainer
 from .runfiles import json_safe, read_run
 
@@ -523,8 +523,7 @@ def render_table(comparison: dict) -> str:
                      f"{f(r.get('end_point_diff'), '+.3f')} | {f(r.get('equal_time_diff'), '+.3f')} | "
                      f"{f(r['mean_step_s'], '.3f')} | {f(r['effective_ratio'], '.2f')} | "
                      f"{f(r['dots_pearson'], '.2f')} |")
-    resumed = [f"{r['method']} at step {', '.join(str(k) for k in r['resumed_at'])}"
-               for r in comparison["rows"] if r.get("resumed_at")]
+    resumed = [resumed_label(r["method"], r["resumed_at"]) for r in comparison["rows"] if r.get("resumed_at")]
     if resumed:  # its steps and accuracies are an uninterrupted run's; its seconds are not one sitting's
         lines += ["", f"Resumed from a checkpoint: {'; '.join(resumed)}. A resumed run's seconds were "
                   "timed in more than one sitting, under different machine load; "
