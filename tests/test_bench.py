@@ -277,6 +277,21 @@ def test_an_out_folder_it_cannot_write_is_refused_before_any_work(tmp_path):
     assert (tmp_path / "taken").read_text() == "a file, not a folder"
 
 
+def test_a_missing_dataset_is_said_before_the_shared_stages(tmp_path, monkeypatch, capsys):
+    cfg = bench.bench_config(load_config(REPO / "params.yaml", [f"paths.root={tmp_path / 'artifacts'}",
+                                                                  "tracking.enabled=false"]))
+
+    def stop(_cfg):
+        raise RuntimeError("shared stages reached")
+
+    monkeypatch.setattr(bench, "prepare_shared", stop)
+    with pytest.raises(RuntimeError, match="shared stages reached"):
+        bench.run_bench(cfg, [0], ["grpo", "dots_rr"], tmp_path / "results", tmp_path / "nope.parquet")
+    said = f"bench: --dataset {tmp_path / 'nope.parquet'}: no such file; the predictor round will not be "
+    said += "timed"
+    assert said in capsys.readouterr().out
+
+
 def test_the_comparison_names_a_resumed_run():
     from dots import stages
 
