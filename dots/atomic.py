@@ -33,6 +33,16 @@ def _drop_orphans(path: Path) -> None:
             old.unlink(missing_ok=True)
 
 
+def check_writable_folder(folder: Path) -> None:
+    """Make `folder` and prove a file can be written in it (OSError when not). Commands that write
+    a result after minutes of work (`dots bench --out`, `dots evaluate --out`) check first, so a
+    bad path is refused before the work rather than after it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".write-check-{os.getpid()}"
+    probe.write_text("")
+    probe.unlink()
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path to write; on success it replaces `path` durably."""

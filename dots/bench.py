@@ -55,7 +55,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import time_split
-from .atomic import write_text
+from .atomic import check_writable_folder, write_text
 from .config import BENCH_METHODS, METHODS, TRAITS, Config, ConfigError, with_overrides
 from .machine_load import adjusted_seconds, round_loads
 from .progress import say
@@ -991,10 +991,7 @@ def writable_out(out_dir: Path) -> None:
     """The report's folder, made now: a file in its place or no right to write there would
     otherwise fail the bench after every run had trained (the runs are kept, the tables not)."""
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / f".write-check-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
+        check_writable_folder(out_dir)
     except OSError as exc:
         raise ConfigError(f"--out {out_dir}: cannot write the report there ({exc.strerror or exc})") from None
 

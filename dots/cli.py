@@ -15,8 +15,23 @@ import argparse
 import os
 import sys
 
-from .config import BENCH_METHODS, BENCH_SEEDS, METHODS, ConfigError, load_config
+from .config import BENCH_METHODS, BENCH_SEEDS, MAX_SEED, METHODS, ConfigError, load_config
 from .redact import scrub
+
+
+def _int_in(low: int, high: int | None):
+    """An argparse type for an integer in [low, high]: a bad value is refused by argparse, naming
+    the argument, before any data or model loads (as the config's own keys are)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}; got {value}")
+        return value
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,12 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--question", default="extra_info.question", help="dotted question column")
     ev.add_argument("--answer", default="reward_model.ground_truth", help="dotted answer column")
     ev.add_argument("--id", default="extra_info.index", help="dotted id column; 'none' numbers the rows")
-    ev.add_argument("--limit", type=int, help="first N rows only")
+    ev.add_argument("--limit", type=_int_in(1, None), help="first N rows only")
     ev.add_argument("--policy", help="model folder or hub name (default: the config's policy)")
     ev.add_argument("--checkpoint", help="training checkpoint (folder or .pt) loaded into the policy")
-    ev.add_argument("--samples", type=int, default=0, metavar="G",
+    ev.add_argument("--samples", type=_int_in(0, None), default=0, metavar="G",
                     help="also pass@G and mean@G (default: greedy only)")
-    ev.add_argument("--seed", type=int, default=0, help="sampling seed for --samples")
+    ev.add_argument("--seed", type=_int_in(0, MAX_SEED), default=0, help="sampling seed for --samples")
     ev.add_argument("--out", help="also write the JSON here")
     bench = sub.add_parser("bench", parents=[common], help="grpo, dots, rr, dots_rr and the peers dapo, greso over seeds, side by side")
     bench.add_argument("--seeds", type=int, nargs="+", default=list(BENCH_SEEDS),
@@ -184,18 +199,29 @@ def _plan(cfg) -> int:
 def _evaluate(cfg, args) -> None:
     import json  # noqa: PLC0415
 
-    from .atomic import write_text  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from .atomic import check_writable_folder, write_text  # noqa: PLC0415
     from .heldout import evaluate_policy  # noqa: PLC0415
+
+    if args.out:  # refused now, not after minutes of generation
+        out = Path(args.out)
+        if out.is_dir():
+            raise ValueError(f"--out {out}: is a folder; give the JSON file's path")
+        try:
+            check_writable_folder(out.parent)
+        except OSError as exc:
+            raise ValueError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
 
     data = {"path": args.data, "question": args.question, "answer": args.answer,
             "id": None if args.id.lower() == "none" else args.id, "limit": args.limit}
     from .stages import policy_path  # noqa: PLC0415
 
     result = evaluate_policy(cfg, data, args.policy or policy_path(cfg), args.checkpoint, args.samples, args.seed)
-    out = json.dumps(result, indent=1)
-    print(out)
+    text = json.dumps(result, indent=1)
+    print(text)
     if args.out:
-        write_text(args.out, out + "\n")
+        write_text(args.out, text + "\n")
 
 
 if __name__ == "__main__":

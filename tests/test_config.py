@@ -137,6 +137,42 @@ def test_cli_refuses_bad_value_before_any_work(tmp_path, capsys):
     assert not root.exists()
 
 
+@pytest.mark.parametrize("flag, value, said", [
+    ("--seed", "-1", "must be in [0, 4611686018427387904]; got -1"),
+    ("--samples", "-8", "must be >= 0; got -8"),
+    ("--limit", "0", "must be >= 1; got 0"),
+    ("--seed", "x", "expected an integer, got 'x'")])
+def test_evaluate_refuses_a_bad_seed_samples_or_limit_naming_the_argument(tmp_path, capsys, flag, value,
+                                                                          said):
+    """`dots evaluate --data` took any --seed (torch ran a negative one) and a negative --samples
+    silently meant greedy only; argparse now refuses them, naming the argument, before any work."""
+    root = tmp_path / "artifacts"
+    with pytest.raises(SystemExit) as exc:
+        main(["evaluate", "-p", str(REPO / "params.yaml"), "-S", f"paths.root={root}",
+              "--data", str(tmp_path / "set.jsonl"), flag, value])
+    assert exc.value.code == 2
+    assert f"argument {flag}: {said}" in capsys.readouterr().err
+    assert not root.exists()
+
+
+def test_evaluate_refuses_an_out_it_cannot_write_before_loading_anything(tmp_path, capsys):
+    """`--out` was written only after the whole evaluation (minutes on a GPU); a folder in its
+    place, or a file where its folder should be, is now refused first: the missing --data file
+    is never reached."""
+    taken = tmp_path / "taken"
+    taken.write_text("keep")
+    base = ["evaluate", "-p", str(REPO / "params.yaml"), "-S", f"paths.root={tmp_path / 'artifacts'}",
+            "--data", str(tmp_path / "missing.jsonl")]
+    assert main(base + ["--out", str(tmp_path)]) == 1
+    assert f"--out {tmp_path}: is a folder; give the JSON file's path" in capsys.readouterr().err
+    assert main(base + ["--out", str(taken / "result.json")]) == 1
+    err = capsys.readouterr().err
+    assert f"--out {taken / 'result.json'}: cannot write there" in err and "missing.jsonl" not in err
+    assert taken.read_text() == "keep"
+    assert main(base + ["--out", str(tmp_path / "new" / "result.json")]) == 1  # writable: on to --data
+    assert "missing.jsonl" in capsys.readouterr().err and (tmp_path / "new").is_dir()
+
+
 def test_cli_refuses_unknown_key_for_train(tmp_path, capsys):
     root = tmp_path / "artifacts"
     code = main(["train", "--method", "grpo", "-p", str(REPO / "params.yaml"), "-S", f"paths.root={root}",
