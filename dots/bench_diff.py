@@ -33,8 +33,14 @@ class BenchDiffError(ValueError):
 
 
 def read_summary(path: str | Path) -> dict:
-    """A bench's `summary.json`, refused with its path named when missing or not a bench summary."""
+    """A bench's `summary.json` (or the bench's folder holding it: `--out`'s folder is what a user
+    names), refused with its path named when missing or not a bench summary."""
     path = Path(path)
+    if path.is_dir():
+        if not (path / "summary.json").is_file():
+            raise BenchDiffError(f"{path}: a folder without a summary.json "
+                                 "(a bench writes results/bench/summary.json)")
+        path = path / "summary.json"
     if not path.is_file():
         raise BenchDiffError(f"{path}: no such file (a bench writes results/bench/summary.json)")
     try:

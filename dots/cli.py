@@ -83,8 +83,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="parquet whose size times the predictor round (skipped when missing)")
     diff = sub.add_parser("bench-diff", help="do two benches of one commit agree? every median time ratio side "
                                              "by side; exit 0 agree, 1 differ, 2 bad input")
-    diff.add_argument("a", help="the first bench's summary.json")
-    diff.add_argument("b", help="the second bench's summary.json")
+    diff.add_argument("a", help="the first bench's summary.json (or its folder)")
+    diff.add_argument("b", help="the second bench's summary.json (or its folder)")
     diff.add_argument("--tolerance", type=float, default=None, help="largest allowed difference (default 0.10)")
     return parser
 

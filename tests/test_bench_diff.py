@@ -127,6 +127,19 @@ def test_cli_exit_status_is_diffs(tmp_path, capsys):
     assert main(["bench-diff", str(paths["a"]), str(paths["b"]), "--tolerance", "-1"]) == 2
 
 
+def test_a_bench_folder_stands_for_its_summary(tmp_path, capsys):
+    """A user names the bench's folder (`--out`, results/bench) as often as its summary.json; the
+    folder was refused as "no such file". A folder without a summary is still refused, saying so."""
+    for name, ratio in (("a", 1.34), ("b", 1.41)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(_summary(ratio)))
+    assert main(["bench-diff", str(tmp_path / "a"), str(tmp_path / "b" / "summary.json")]) == 0
+    assert "The benches agree on the load-adjusted seconds." in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert main(["bench-diff", str(tmp_path / "a"), str(tmp_path / "empty")]) == 2
+    assert "empty: a folder without a summary.json" in capsys.readouterr().err
+
+
 def test_the_runs_whose_seconds_moved_apart_from_their_seeds_arms_are_named():
     """B's machine 10% slower for every run, except dapo seed 1, 25% slower: that run is the one
     that moved on its own, by 1.25 / 1.10 - 1 = +13.6%."""
