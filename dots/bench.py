@@ -143,10 +143,14 @@ def parse_variant(text: str, cfg: Config) -> Variant:
     if method not in METHODS:
         raise ConfigError(f"--variant {label}: method {method!r} is not one of {', '.join(METHODS)}")
     overrides = tuple(x.strip() for x in sets.split(","))
+    keys: set[str] = set()
     for o in overrides:
         key = o.partition("=")[0].strip()
         if "=" not in o or not key:
             raise ConfigError(f"--variant {label}: {o!r} is not KEY=VALUE")
+        if key in keys:  # the last would win silently: which value did the user mean?
+            raise ConfigError(f"--variant {label}: {key} given twice")
+        keys.add(key)
         for group, why in ((SHARED_SECTIONS, "the shared stages read it (give the variant its own "
                                               "-S paths.root and bench it there)"),
                            (_FIXED, "every arm of a bench shares it")):

@@ -801,7 +801,9 @@ def test_a_variant_is_parsed_and_refused_before_any_work_with_the_reason():
            "e=dots_rr:selection.every=8": "the variant would be the dots_rr run itself",
            # the rate dots_rr trains with already (train.lr_by_method), and another method's rate
            "e=dots_rr:train.lr=0.0006": "the variant would be the dots_rr run itself",
-           "e=grpo:train.lr_by_method.dots_rr=0.001": "grpo does not read train.lr_by_method.dots_rr=0.001"}
+           "e=grpo:train.lr_by_method.dots_rr=0.001": "grpo does not read train.lr_by_method.dots_rr=0.001",
+           # a key twice: the last won silently (here the default, so it was called the run itself)
+           "e=dots_rr:selection.tau=0.05, selection.tau=0.1": "selection.tau given twice"}
     for text, why in bad.items():
         with pytest.raises(ConfigError, match=re.escape(why)):
             bench.parse_variant(text, cfg)
