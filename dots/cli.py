@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from .config import BENCH_METHODS, BENCH_SEEDS, MAX_SEED, METHODS, ConfigError, load_config
+from .config import BENCH_METHODS, BENCH_SEEDS, MAX_SEED, METHODS, ConfigError, load_config, params_file
 from .redact import scrub
 
 
@@ -36,7 +36,8 @@ def _int_in(low: int, high: int | None):
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-p", "--params", default="params.yaml", help="params file (default: params.yaml)")
+    common.add_argument("-p", "--params",
+                        help="params file (default: ./params.yaml; without one, every default)")
     common.add_argument("-S", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a param, e.g. -S train.steps=50 (repeatable)")
     parser = argparse.ArgumentParser(prog="dots", description=__doc__,
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench-diff":
         return _bench_diff(args)
     try:
-        cfg = load_config(args.params, args.overrides)
+        cfg = load_config(params_file(args.params), args.overrides)
     except ConfigError as exc:
         print(f"dots: {scrub(str(exc))}", file=sys.stderr)
         return 2

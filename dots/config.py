@@ -770,6 +770,18 @@ def with_overrides(cfg: Config, overrides: list[str]) -> Config:
     return _validated(apply_overrides(cfg.model_dump(), overrides))
 
 
+def params_file(named: str | Path | None, default: str = "params.yaml") -> str | None:
+    """The params file a command reads: the one named (`-p`, a flow's `params`), which must exist,
+    or ./params.yaml when there is one, else None (every default). `load_config` reads a missing
+    path as all defaults, so `dots all -p configs/profile.yml` with a typo trained the embedded
+    default in the profile's place, over the default paths.root."""
+    if named is None:
+        return default if Path(default).is_file() else None
+    if not Path(named).is_file():
+        raise ConfigError(f"{named}: no such params file")
+    return str(named)
+
+
 def load_config(path: str | Path | None = "params.yaml",
                 overrides: list[str] | dict[str, Any] | None = None) -> Config:
     """Read `path` (missing file = all defaults), apply overrides, validate, or raise ConfigError."""

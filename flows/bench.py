@@ -22,7 +22,7 @@ from prefect.cache_policies import NO_CACHE
 
 from dots import bench
 from dots.atomic import write_text
-from dots.config import BENCH_SEEDS, Config, load_config
+from dots.config import BENCH_SEEDS, Config, load_config, params_file
 
 DEEPSCALER = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "deepscaler.parquet"
 
@@ -81,7 +81,7 @@ def bench_flow(seeds: list[int] | None = None, methods: list[str] | None = None,
                overrides: list[str] | None = None, out_dir: str = str(bench.RESULTS),
                variants: list[str] | None = None) -> dict:
     """`variants`: `LABEL=METHOD:KEY=VALUE[,...]` arms trained beside the methods (see dots.bench)."""
-    cfg = bench.bench_config(load_config(params, overrides))
+    cfg = bench.bench_config(load_config(params_file(params), overrides))
     arms = [bench.parse_variant(v, cfg) for v in variants or []]  # refused here, before any stage runs
     shared_stages(cfg)
     return bench.run_bench(cfg, seeds or list(BENCH_SEEDS), methods, Path(out_dir),

@@ -47,6 +47,14 @@ def require_shared(path: str | Path) -> Path:
     return path
 
 
+def default_params(folder: str | Path) -> str:
+    """An empty params file (every key at its default) for a test that gives `-p`: the CLI
+    refuses a `-p` that names no file."""
+    path = Path(folder) / "defaults.yaml"
+    path.write_text("# every key at its default\n")
+    return str(path)
+
+
 def tiny_overrides(root: str | Path) -> list[str]:
     """`-S`-style overrides of a small but real configuration writing under `root`."""
     return [

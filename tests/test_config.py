@@ -173,6 +173,27 @@ def test_evaluate_refuses_an_out_it_cannot_write_before_loading_anything(tmp_pat
     assert "missing.jsonl" in capsys.readouterr().err and (tmp_path / "new").is_dir()
 
 
+def test_a_params_file_named_but_missing_is_refused_not_read_as_the_defaults(tmp_path, capsys, monkeypatch):
+    """`dots all -p configs/profile.yml` (a typo of .yaml) trained the embedded default in the
+    profile's place, over the default paths.root: a missing path read as every default. A file
+    named (-p, the bench flow's `params`) must now exist; with none named, ./params.yaml is read
+    when there is one, and every default when not."""
+    from dots.config import params_file
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["prepare", "-p", "configs/profile.yml", "-S", f"paths.root={tmp_path / 'artifacts'}"])
+    assert code == 2
+    assert "configs/profile.yml: no such params file" in capsys.readouterr().err
+    assert not (tmp_path / "artifacts").exists()
+    with pytest.raises(ConfigError, match="profile.yml: no such params file"):
+        params_file("configs/profile.yml")
+    assert params_file(None) is None  # no ./params.yaml here: every default
+    (tmp_path / "params.yaml").write_text("train:\n  steps: 7\n")
+    assert params_file(None) == "params.yaml"
+    assert load_config(params_file(None)).train.steps == 7
+    assert params_file(str(REPO / "params.yaml")) == str(REPO / "params.yaml")
+
+
 def test_cli_refuses_unknown_key_for_train(tmp_path, capsys):
     root = tmp_path / "artifacts"
     code = main(["train", "--method", "grpo", "-p", str(REPO / "params.yaml"), "-S", f"paths.root={root}",

@@ -23,7 +23,7 @@ from dots.distributed import Dist
 from dots.models import build_model, build_tokenizer, load_policy, save_policy
 from dots.rollout import HFEngine
 
-from .conftest import REPO, tiny_overrides
+from .conftest import REPO, default_params, tiny_overrides
 from .dist_update_worker import one_update
 
 
@@ -87,7 +87,7 @@ def test_torchrun_train_writes_once_and_evaluate_reads_its_checkpoint(tiny_pipel
     root.mkdir()
     for part in ("data", "models", "embeddings", "predictor"):  # the fixture's inputs; outputs go here
         (root / part).symlink_to(tiny_pipeline.root / part)
-    args = ["-m", "dots.cli", "train", "--method", "dots_rr", "-p", str(tmp_path / "none.yaml")]
+    args = ["-m", "dots.cli", "train", "--method", "dots_rr", "-p", default_params(tmp_path)]
     # eval.metric=greedy: the run's final accuracy is then comparable with `dots evaluate`'s greedy one
     for o in tiny_overrides(root) + ["train.steps=2", "train.checkpoint_every=2", "eval.every=2",
                                      "train.threads=1", "tracking.enabled=false", "eval.metric=greedy",
@@ -110,7 +110,7 @@ def test_torchrun_train_writes_once_and_evaluate_reads_its_checkpoint(tiny_pipel
     assert summary["accuracy_se"] > 0
 
     held = root / "data" / "eval.jsonl"
-    argv = ["evaluate", "-p", str(tmp_path / "none.yaml"), "--data", str(held), "--question", "prompt",
+    argv = ["evaluate", "-p", default_params(tmp_path), "--data", str(held), "--question", "prompt",
             "--answer", "answer", "--id", "id", "--checkpoint", str(ckpt_dir), "--samples", "4"]
     for o in tiny_overrides(root):
         argv += ["-S", o]
@@ -124,5 +124,5 @@ def test_torchrun_train_writes_once_and_evaluate_reads_its_checkpoint(tiny_pipel
 
 def test_only_train_runs_under_torchrun(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main(["prepare", "-p", "/nonexistent.yaml"]) == 2
+    assert main(["prepare", "-p", str(REPO / "params.yaml")]) == 2
     assert "only `dots train` runs under torchrun" in capsys.readouterr().err

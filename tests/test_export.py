@@ -176,12 +176,12 @@ def test_evaluate_refuses_a_set_whose_prompts_overrun_the_policy_before_any_roll
     embedding. Now the set is refused naming how many prompts, the first one's id and length."""
     from dots.cli import main
 
-    from .conftest import tiny_overrides
+    from .conftest import default_params, tiny_overrides
 
     data = tmp_path / "long.jsonl"
     rows = [{"q": "1+2=", "a": "3", "i": 0}, {"q": "1+" * 40 + "1=", "a": "41", "i": 7}]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    argv = ["evaluate", "-p", str(tmp_path / "none.yaml"), "--data", str(data), "--question", "q",
+    argv = ["evaluate", "-p", default_params(tmp_path), "--data", str(data), "--question", "q",
             "--answer", "a", "--id", "i"]
     for o in tiny_overrides(tiny_pipeline.root):
         argv += ["-S", o]

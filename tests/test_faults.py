@@ -43,7 +43,7 @@ import torch
 from dots import reliability
 from dots.checkpoints import UnsafeFileError, load_tensors
 
-from .conftest import REPO, tiny_overrides
+from .conftest import REPO, default_params, tiny_overrides
 
 REPO_LEDGER = REPO / reliability.LEDGER  # the README's copy: written only when asked for
 METHOD = "dots_rr"
@@ -90,7 +90,7 @@ def _overrides(root: Path, *extra: str) -> list[str]:
 def _train(root: Path, *extra: str, fault: str | None = None, trace: Path | None = None,
            env: dict | None = None) -> subprocess.CompletedProcess:
     """`dots train` in its own process, as a DVC stage or a retried Prefect task runs it."""
-    args = [sys.executable, "-m", "dots.cli", "train", "--method", METHOD, "-p", str(root.parent / "none.yaml")]
+    args = [sys.executable, "-m", "dots.cli", "train", "--method", METHOD, "-p", default_params(root.parent)]
     for o in _overrides(root, *CHAIN, *extra):
         args += ["-S", o]
     e = {k: v for k, v in os.environ.items() if not k.startswith(("DOTS_FAULT", "MLFLOW_"))}
@@ -416,6 +416,7 @@ def test_bad_input_gives_one_clear_error_and_touches_nothing(tiny_pipeline, tmp_
     from dots.cli import main
 
     root = _inputs(tiny_pipeline, tmp_path / "artifacts")
+    (tmp_path / "params.yaml").write_text("")  # every default, unless the case plants its own
     plant(root)
     before = _snapshot(root)
     args = [command, "-p", str(tmp_path / "params.yaml")] + (["--method", METHOD] if command == "train" else [])
@@ -482,7 +483,7 @@ def test_service_fault_is_a_clear_error_and_keeps_local_state(tiny_pipeline, tmp
     root = _inputs(tiny_pipeline, tmp_path / "artifacts")
     plant(root)
     before = _snapshot(root)
-    args = [command, "-p", str(tmp_path / "none.yaml")] + (["--method", METHOD] if command == "train" else [])
+    args = [command, "-p", default_params(tmp_path)] + (["--method", METHOD] if command == "train" else [])
     for o in _overrides(root) + ["tracking.enabled=true"] + overrides(root):
         args += ["-S", o]
     start = time.perf_counter()
