@@ -2,7 +2,7 @@
 #   make run    venv + install + the Prefect pipeline flow over the DVC stages:
 #               prepare → warm-up → embed → label → fit predictor → train grpo, dots_rr → compare
 #   make test   venv + install + pytest
-#   make bench  grpo, dots, rr, dots_rr, dapo, greso over 6 seeds, interleaved -> results/bench (BENCH_ARGS: -S style overrides)
+#   make bench  grpo, dots, rr, dots_rr, dapo, greso over 6 seeds, interleaved -> results/bench (BENCH_ARGS: dots bench's arguments, -S overrides)
 #   make serve  serve the Prefect deployments locally (cron + event-triggered)
 PYTHON ?= python3
 VENV ?= .venv

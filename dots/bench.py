@@ -1000,15 +1000,13 @@ def writable_out(out_dir: Path) -> None:
         raise ConfigError(f"--out {out_dir}: cannot write the report there ({exc.strerror or exc})") from None
 
 
-def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, out_dir: Path = RESULTS,
-              dataset: str | Path | None = None,
-              runner: Callable[..., dict] | None = None, variants: Sequence[Variant] = ()) -> dict:
-    """Shared stages once, then each seed's runs of every method (and variant) in lockstep, then
-    the report. `runner(cfg, seed, arms, variants)` lets the Prefect flow wrap each seed in a
-    task; by default they are direct calls."""
+def check_arguments(cfg: Config, seeds: Sequence[int], methods: Sequence[str] | None,
+                    variants: Sequence[Variant], out_dir: Path) -> list[str]:
+    """Everything a bench's arguments can be refused for, before the shared stages' minutes (the
+    methods to bench: every one of BENCH_METHODS when none are given)."""
     methods = list(methods or BENCH_METHODS)
     if "grpo" not in methods:
-        raise ValueError("bench: methods must include grpo (it defines the target)")
+        raise ConfigError("--methods: must include grpo (it defines the target)")
     check_seeds_and_methods(cfg, seeds, methods)
     labels = [v.label for v in variants]
     if len(set(labels)) != len(labels):
@@ -1016,7 +1014,20 @@ def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, o
     for v in variants:
         if v.method not in methods:
             raise ConfigError(f"--variant {v.label}: its method {v.method} must be benched too (add it to --methods)")
-    writable_out(Path(out_dir))
+    writable_out(out_dir)
+    return methods
+
+
+def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, out_dir: Path = RESULTS,
+              dataset: str | Path | None = None,
+              runner: Callable[..., dict] | None = None, variants: Sequence[Variant] = (),
+              shared: Callable[[Config], dict] | None = None) -> dict:
+    """Shared stages once, then each seed's runs of every method (and variant) in lockstep, then
+    the report. `runner(cfg, seed, arms, variants)` and `shared(cfg)` let the Prefect flow wrap
+    each seed and the shared stages in tasks, after the arguments are checked (the flow ran its
+    shared stages first, so a seed given twice was refused only after their minutes); by default
+    they are direct calls."""
+    methods = check_arguments(cfg, seeds, methods, variants, Path(out_dir))
     if dataset is not None and not Path(dataset).exists():
         say(f"bench: --dataset {dataset}: no such file; the predictor round will not be timed")
     all_arms = arms(methods, variants)
@@ -1027,7 +1038,7 @@ def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, o
         os.environ["DOTS_PIPELINE_ID"] = f"bench-{cfg.fingerprint(BENCH_EXCLUDE)}-{git_commit()[:12]}" + (
             f"-{hashlib.sha256(tag.encode()).hexdigest()[:8]}" if tag else "")
     start, began = time.perf_counter(), time.time()
-    prepare_shared(cfg)
+    (shared or prepare_shared)(cfg)
     order = run_order(all_arms, seeds)
     train_seeds(cfg, [(seed, [m for s, m in order if s == seed]) for seed in seeds], variants, runner)
     extra = {"bench_wall_s": time.perf_counter() - start,

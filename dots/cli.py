@@ -175,6 +175,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+_ONE_VALUE = {"-p", "--params", "-S", "--set", "--variant", "--out", "--dataset"}
+
+
+def parse_bench_args(argv: list[str]) -> argparse.Namespace:
+    """`make bench BENCH_ARGS=...`: `dots bench`'s own arguments (--seeds, --methods, --variant,
+    --out, --dataset, -p, -S), so the Prefect flow is driven as the CLI is, with a bare
+    `key=value` word taken as `-S key=value` (what BENCH_ARGS took before). A bad argument exits
+    2 naming it, as `dots bench` does."""
+    words, i = [], 0
+    while i < len(argv):
+        word = argv[i]
+        if word in _ONE_VALUE and i + 1 < len(argv):  # its value may hold '=' (a variant, a key)
+            words += [word, argv[i + 1]]
+            i += 2
+            continue
+        words += ["-S", word] if "=" in word and not word.startswith("-") else [word]
+        i += 1
+    return _parser().parse_args(["bench", *words])
+
+
 def _plan(cfg) -> int:
     """`dots plan`: print the memory plan; a config that cannot fit is refused with the key to change."""
     from .memory_plan import PlanError, device_memory, estimate, policy_shape  # noqa: PLC0415

@@ -79,36 +79,39 @@ def orchestration_per_group(outside: float, summaries: dict[str, dict]) -> float
 @flow(name="dots-bench", log_prints=True)
 def bench_flow(seeds: list[int] | None = None, methods: list[str] | None = None, params: str = "params.yaml",
                overrides: list[str] | None = None, out_dir: str = str(bench.RESULTS),
-               variants: list[str] | None = None) -> dict:
-    """`variants`: `LABEL=METHOD:KEY=VALUE[,...]` arms trained beside the methods (see dots.bench)."""
+               variants: list[str] | None = None, dataset: str | None = None) -> dict:
+    """`variants`: `LABEL=METHOD:KEY=VALUE[,...]` arms trained beside the methods (see dots.bench);
+    `dataset`: the parquet whose size times the predictor round (default: the shared DeepScaleR)."""
     cfg = bench.bench_config(load_config(params_file(params), overrides))
     arms = [bench.parse_variant(v, cfg) for v in variants or []]  # refused here, before any stage runs
-    shared_stages(cfg)
-    return bench.run_bench(cfg, seeds or list(BENCH_SEEDS), methods, Path(out_dir),
-                           DEEPSCALER if DEEPSCALER.exists() else None, runner=timed_runner, variants=arms)
-
-
-def overrides_from_argv(argv: list[str]) -> list[str]:
-    """`make bench BENCH_ARGS=...` overrides: bare `key=value` words, or `-S key=value` /
-    `--set key=value` as the `dots` CLI takes them."""
-    return [a for a in argv if a not in ("-S", "--set")]
+    # run_bench checks seeds, methods and --out, then runs the shared stages as this flow's task
+    return bench.run_bench(cfg, list(BENCH_SEEDS) if seeds is None else seeds, methods, Path(out_dir),
+                           dataset if dataset is not None else DEEPSCALER if DEEPSCALER.exists() else None,
+                           runner=timed_runner, variants=arms,
+                           shared=shared_stages)
 
 
 def main(argv: list[str]) -> int:
-    """Check the params before the flow starts: a bad key or value is one line naming it (exit
-    2), not a traceback from inside a flow run."""
+    """`make bench BENCH_ARGS=...`: `dots bench`'s arguments (`--seeds 0 1 --methods grpo dots_rr`,
+    `--variant`, `--out`, `-S key=value` or a bare `key=value`). Everything is checked before the
+    flow starts: a bad one is one line naming it (exit 2), not a traceback from inside a flow run
+    after the shared stages."""
     import sys  # noqa: PLC0415
 
+    from dots.cli import parse_bench_args  # noqa: PLC0415
     from dots.config import ConfigError  # noqa: PLC0415
     from dots.redact import scrub  # noqa: PLC0415
 
-    overrides = overrides_from_argv(argv)
+    args = parse_bench_args(argv)  # argparse exits 2 naming a bad argument
     try:
-        bench.bench_config(load_config("params.yaml", overrides))
+        cfg = bench.bench_config(load_config(params_file(args.params), args.overrides))
+        arms = [bench.parse_variant(v, cfg) for v in args.variant]
+        bench.check_arguments(cfg, args.seeds, args.methods, arms, Path(args.out))
     except ConfigError as exc:
         print(f"make bench: {scrub(str(exc))}", file=sys.stderr)
         return 2
-    bench_flow(overrides=overrides)
+    bench_flow(seeds=args.seeds, methods=args.methods, params=args.params or "params.yaml",
+               overrides=args.overrides, out_dir=args.out, variants=args.variant, dataset=args.dataset)
     return 0
 
 

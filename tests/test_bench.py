@@ -18,7 +18,7 @@ import pytest
 
 from dots import bench, time_split
 from dots.runfiles import crossing
-from dots.config import ConfigError, load_config, with_overrides
+from dots.config import BENCH_METHODS, BENCH_SEEDS, ConfigError, load_config, with_overrides
 
 from .conftest import REPO, SHARED_DATA, mlflow_runs, require_shared, tiny_overrides
 
@@ -266,6 +266,22 @@ def test_bad_seeds_or_methods_are_refused_before_any_work(tmp_path, seeds, metho
         bench.run_bench(cfg, seeds, methods, tmp_path / "results")
     # refused before the shared stages: nothing written
     assert not (tmp_path / "artifacts").exists() and not (tmp_path / "results").exists()
+
+
+def test_the_prefect_bench_flow_checks_its_arguments_before_its_shared_stages(tmp_path):
+    """The flow ran its shared-stages task first and run_bench's checks after it: a seed given twice
+    through `make bench` or a deployment was refused only after the warm-up's minutes. The flow's
+    body (`.fn`, no server needed) now hands its task to run_bench, which checks first."""
+    from flows.bench import bench_flow
+
+    root = tmp_path / "artifacts"
+    with pytest.raises(ConfigError, match="--seeds: 0 given twice"):
+        bench_flow.fn(seeds=[0, 0], methods=["grpo", "dots_rr"], params=str(REPO / "params.yaml"),
+                      overrides=[f"paths.root={root}"], out_dir=str(tmp_path / "results"))
+    assert not root.exists() and not (tmp_path / "results").exists()
+    with pytest.raises(ConfigError, match="--seeds: give at least one seed"):  # [] was the default seeds
+        bench_flow.fn(seeds=[], params=str(REPO / "params.yaml"), overrides=[f"paths.root={root}"])
+    assert not root.exists()
 
 
 def test_an_out_folder_it_cannot_write_is_refused_before_any_work(tmp_path):
@@ -614,7 +630,7 @@ def test_the_peers_params_leave_the_other_methods_runs_alone():
 
 
 def test_make_bench_trains_the_six_methods_and_greso_rr_only_on_demand():
-    from dots.config import BENCH_METHODS, METHODS
+    from dots.config import METHODS
 
     assert BENCH_METHODS == ("grpo", "dots", "rr", "dots_rr", "dapo", "greso")
     assert set(METHODS) - set(BENCH_METHODS) == {"greso_rr"}
@@ -1059,9 +1075,10 @@ def test_a_bound_an_ulp_above_the_largest_ratio_is_that_ratio_not_never():
 def test_make_bench_takes_s_style_overrides_and_refuses_a_bad_one_in_one_line(monkeypatch, capsys):
     """`make bench BENCH_ARGS="-S train.steps=0"` was a traceback from inside the flow run; now
     the params are checked before the flow starts and the key is named in one line."""
+    from dots.cli import parse_bench_args
     from flows import bench as bench_module
 
-    assert bench_module.overrides_from_argv(["-S", "train.steps=200", "--set", "eval.every=5", "bench.workers=1"]) \
+    assert parse_bench_args(["-S", "train.steps=200", "--set", "eval.every=5", "bench.workers=1"]).overrides \
         == ["train.steps=200", "eval.every=5", "bench.workers=1"]
     monkeypatch.chdir(REPO)
     started = []
@@ -1070,4 +1087,41 @@ def test_make_bench_takes_s_style_overrides_and_refuses_a_bad_one_in_one_line(mo
     err = capsys.readouterr().err
     assert "train.steps" in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
     assert started == []
-    assert bench_module.main(["-S", "bench.workers=1"]) == 0 and started == [{"overrides": ["bench.workers=1"]}]
+    assert bench_module.main(["-S", "bench.workers=1"]) == 0
+    assert started[0]["overrides"] == ["bench.workers=1"] and started[0]["seeds"] == list(BENCH_SEEDS)
+    assert started[0]["methods"] == list(BENCH_METHODS) and started[0]["variants"] == []
+
+
+def test_make_bench_takes_dots_bench_arguments_and_refuses_bad_ones_before_the_flow(monkeypatch, capsys,
+                                                                                   tmp_path):
+    """`make bench BENCH_ARGS="--seeds 0 1"` was refused as an override without '=': the flow took
+    params overrides only. It takes `dots bench`'s arguments now, and what run_bench would refuse
+    after the shared stages (a seed twice, an --out it cannot write, a variant without its method)
+    is refused before the flow starts, in one line."""
+    from flows import bench as bench_module
+
+    monkeypatch.chdir(REPO)
+    started = []
+    monkeypatch.setattr(bench_module, "bench_flow", lambda **kw: started.append(kw))
+    out = tmp_path / "quick"
+    argv = ["--seeds", "3", "4", "bench.workers=1", "--methods", "grpo", "dots_rr",
+            "--variant", "every4=dots_rr:selection.every=4", "--out", str(out)]
+    assert bench_module.main(argv) == 0
+    assert started == [{"seeds": [3, 4], "methods": ["grpo", "dots_rr"], "params": "params.yaml",
+                        "overrides": ["bench.workers=1"], "out_dir": str(out),
+                        "variants": ["every4=dots_rr:selection.every=4"],
+                        "dataset": "../shared/data/deepscaler.parquet"}]
+    taken = tmp_path / "taken"
+    taken.write_text("keep")
+    for bad, said in ((["--seeds", "0", "0"], "--seeds: 0 given twice"),
+                      (["--out", str(taken)], f"--out {taken}: cannot write the report there"),
+                      (["--methods", "grpo", "--variant", "e=dots_rr:selection.every=4"],
+                       "its method dots_rr must be benched too"),
+                      (["--methods", "dots_rr"], "--methods: must include grpo")):
+        assert bench_module.main(bad) == 2, bad
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    with pytest.raises(SystemExit) as exc:
+        bench_module.main(["--seeds", "x"])
+    assert exc.value.code == 2 and "argument --seeds: invalid int value: 'x'" in capsys.readouterr().err
+    assert len(started) == 1 and taken.read_text() == "keep"
