@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import stages  # noqa: PLC0415  (heavy imports only after the config is valid)
 
     try:
+        _require_hub_models(cfg, args, stages)
         if args.command == "prepare":
             stages.prepare(cfg)
         elif args.command == "warmup":
@@ -193,6 +194,21 @@ def parse_bench_args(argv: list[str]) -> argparse.Namespace:
         words += ["-S", word] if "=" in word and not word.startswith("-") else [word]
         i += 1
     return _parser().parse_args(["bench", *words])
+
+
+def _require_hub_models(cfg, args, stages) -> None:
+    """The hub models a command will load, checked in the local cache before it starts (offline,
+    a missing one was a traceback from inside the stage: `dots all` with the GPU profile failed
+    at the warm-up, after the data had been prepared). The embedding backbone only where its
+    cache is not there yet: with valid embeddings `dots embed` never loads it."""
+    from .hub import config_models, require_cached  # noqa: PLC0415
+
+    if args.command == "evaluate" and args.data and args.policy:
+        require_cached({"--policy": args.policy})
+    elif args.command in ("warmup", "label", "train", "evaluate"):
+        require_cached(config_models(cfg, backbone=False))
+    elif args.command in ("all", "bench"):
+        require_cached(config_models(cfg, backbone=not stages.paths(cfg).embeddings.exists()))
 
 
 def _plan(cfg) -> int:

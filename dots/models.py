@@ -13,6 +13,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from .config import ModelConfig
+from .hub import require_cached
 
 transformers.utils.logging.disable_progress_bar()
 
@@ -65,6 +66,7 @@ def load_policy(path: str | Path, dtype: torch.dtype = torch.float32):
         raise FileNotFoundError(f"{local}: no saved model; run `dots warmup` first")
     if not local.exists() and (str(path).startswith((".", "/")) or str(path).count("/") != 1):
         raise FileNotFoundError(f"{path}: no saved model here (and not a hub name); run `dots warmup` first")
+    require_cached({"model": path})  # offline and not in the HF cache: one line, not a traceback
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:

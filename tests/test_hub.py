@@ -1,0 +1,84 @@
+"""Hub models offline: a model the local Hugging Face cache lacks is one line naming its key and
+the command that fetches it, before the stage's work (it was transformers' traceback from inside
+the warm-up, after `dots all` had prepared the data)."""
+
+from __future__ import annotations
+
+import pytest
+from huggingface_hub import constants
+
+from dots.cli import main
+from dots.hub import config_models, require_cached
+
+from .conftest import REPO
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty HF cache, offline; `add(name)` lays out a cached snapshot as the hub client does."""
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def add(name: str) -> None:
+        repo = cache / f"models--{name.replace('/', '--')}"
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text("0123abc")
+        (repo / "snapshots" / "0123abc").mkdir(parents=True)
+        (repo / "snapshots" / "0123abc" / "config.json").write_text("{}")
+
+    return add
+
+
+def test_a_missing_hub_model_is_named_with_its_key_and_the_fetch_command(hub_cache, tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError) as exc:
+        require_cached({"model.pretrained": "org/policy", "embed.backbone": "org/backbone"})
+    text = str(exc.value)
+    assert text.startswith("model.pretrained: org/policy; embed.backbone: org/backbone: "
+                           "not in the Hugging Face cache")
+    assert "`hf download org/policy && hf download org/backbone`" in text and "HF_HUB_OFFLINE=0" in text
+    hub_cache("org/policy")
+    # the missing one only
+    with pytest.raises(FileNotFoundError, match=r"^embed.backbone: org/backbone: not in"):
+        require_cached({"model.pretrained": "org/policy", "embed.backbone": "org/backbone"})
+    hub_cache("org/backbone")
+    require_cached({"model.pretrained": "org/policy", "embed.backbone": "org/backbone"})
+    # a local folder, an unset key, and online (transformers downloads) are not checked
+    local = tmp_path / "org" / "local"
+    local.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    require_cached({"model.pretrained": "org/local", "embed.backbone": None})
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    require_cached({"model.pretrained": "org/nowhere"})
+
+
+def test_the_config_names_its_policy_and_an_hf_backbone():
+    from dots.config import load_config
+
+    profile = load_config(REPO / "configs" / "qwen2.5-math-1.5b-deepscaler.yaml")
+    assert config_models(profile) == {"model.pretrained": "Qwen/Qwen2.5-Math-1.5B",
+                                      "embed.backbone": "Qwen/Qwen2.5-Math-1.5B-Instruct"}
+    assert config_models(profile, backbone=False) == {"model.pretrained": "Qwen/Qwen2.5-Math-1.5B"}
+    assert config_models(load_config(None)) == {"model.pretrained": None}  # the embedded default: none
+
+
+@pytest.mark.parametrize("command", ["all", "warmup", "train"])
+def test_the_cli_refuses_an_uncached_policy_in_one_line_before_any_work(hub_cache, tmp_path, capsys, command):
+    root = tmp_path / "artifacts"
+    argv = [command, "-p", str(REPO / "params.yaml"), "-S", f"paths.root={root}",
+            "-S", "model.pretrained=org/missing", "-S", "embed.backbone=hf:org/missing-embedder",
+            "-S", "label.policies=[final]"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"dots {command}: model.pretrained: org/missing")
+    assert "`hf download org/missing" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert ("embed.backbone: org/missing-embedder" in err) == (command == "all")  # only `all` embeds
+    assert not (root / "data").exists()  # `dots all` stopped before preparing the data
+
+
+def test_load_policy_says_the_same_for_a_hub_name_not_in_the_cache(hub_cache):
+    from dots.models import load_policy
+
+    with pytest.raises(FileNotFoundError, match="model: org/missing: not in the Hugging Face cache"):
+        load_policy("org/missing")
