@@ -201,7 +201,7 @@ def _require_hub_models(cfg, args, stages) -> None:
     a missing one was a traceback from inside the stage: `dots all` with the GPU profile failed
     at the warm-up, after the data had been prepared). The embedding backbone only where its
     cache is not there yet: with valid embeddings `dots embed` never loads it."""
-    from .hub import config_models, require_cached  # noqa: PLC0415
+    from .hub import require_cached  # noqa: PLC0415
 
     if args.command == "evaluate" and args.data and args.policy:
         require_cached({"--policy": args.policy})
@@ -209,6 +209,18 @@ def _require_hub_models(cfg, args, stages) -> None:
         require_cached(config_models(cfg, backbone=False))
     elif args.command in ("all", "bench"):
         require_cached(config_models(cfg, backbone=not stages.paths(cfg).embeddings.exists()))
+
+
+def config_models(cfg, policy: bool = True, backbone: bool = True) -> dict[str, str | None]:
+    """The hub models a config names: the policy (`model.pretrained`) and the embedding backbone
+    (`embed.backbone: hf:<name>`). Here, not in dots/hub.py: a stage's DVC params are what its
+    modules read, and only the commands check these up front."""
+    refs: dict[str, str | None] = {}
+    if policy:
+        refs["model.pretrained"] = cfg.model.pretrained
+    if backbone and cfg.embed.backbone.startswith("hf:"):
+        refs["embed.backbone"] = cfg.embed.backbone[3:]
+    return refs
 
 
 def _plan(cfg) -> int:

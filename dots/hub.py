@@ -14,9 +14,9 @@ from pathlib import Path
 TRUE = ("1", "ON", "YES", "TRUE")
 
 
-def offline(*flags: str) -> bool:
-    """True when any of `flags` (default HF_HUB_OFFLINE) is set to a true value, as the hub reads it."""
-    return any(os.environ.get(f, "").strip().upper() in TRUE for f in flags or ("HF_HUB_OFFLINE",))
+def offline() -> bool:
+    """True when HF_HUB_OFFLINE is set to a true value, as the hub client reads it."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in TRUE
 
 
 def is_hub_name(ref: str | Path) -> bool:
@@ -48,13 +48,3 @@ def require_cached(refs: dict[str, str | Path | None]) -> None:
                                 f"and dots runs offline (HF_HUB_OFFLINE=1): fetch it first (`{fetch}`), "
                                 "or run with HF_HUB_OFFLINE=0 to let transformers download it")
 
-
-def config_models(cfg, policy: bool = True, backbone: bool = True) -> dict[str, str | None]:
-    """The hub models a config names: the policy (`model.pretrained`) and the embedding backbone
-    (`embed.backbone: hf:<name>`)."""
-    refs: dict[str, str | None] = {}
-    if policy:
-        refs["model.pretrained"] = cfg.model.pretrained
-    if backbone and cfg.embed.backbone.startswith("hf:"):
-        refs["embed.backbone"] = cfg.embed.backbone[3:]
-    return refs

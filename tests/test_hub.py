@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from huggingface_hub import constants
 
-from dots.cli import main
-from dots.hub import config_models, require_cached
+from dots.cli import config_models, main
+from dots.hub import require_cached
 
 from .conftest import REPO
 
