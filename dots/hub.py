@@ -47,4 +47,3 @@ def require_cached(refs: dict[str, str | Path | None]) -> None:
         raise FileNotFoundError(f"{named}: not in the Hugging Face cache ({constants.HF_HUB_CACHE}), "
                                 f"and dots runs offline (HF_HUB_OFFLINE=1): fetch it first (`{fetch}`), "
                                 "or run with HF_HUB_OFFLINE=0 to let transformers download it")
-
