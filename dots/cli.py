@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import stages  # noqa: PLC0415  (heavy imports only after the config is valid)
 
     try:
-        _require_hub_models(cfg, args, stages)
+        _require_environment(cfg, args, stages)
         if args.command == "prepare":
             stages.prepare(cfg)
         elif args.command == "warmup":
@@ -196,13 +196,22 @@ def parse_bench_args(argv: list[str]) -> argparse.Namespace:
     return _parser().parse_args(["bench", *words])
 
 
-def _require_hub_models(cfg, args, stages) -> None:
-    """The hub models a command will load, checked in the local cache before it starts (offline,
-    a missing one was a traceback from inside the stage: `dots all` with the GPU profile failed
-    at the warm-up, after the data had been prepared). The embedding backbone only where its
-    cache is not there yet: with valid embeddings `dots embed` never loads it."""
+def _require_environment(cfg, args, stages) -> None:
+    """What this machine must hold for a command that loads a model, checked before it starts: a
+    GPU for `train.device: cuda`, vLLM for `rollout.engine: vllm`, and (offline) the hub models in
+    the local cache. Each was a traceback from inside the stage, after the data step or the policy
+    load (`dots all` with the GPU profile failed at the warm-up, after preparing the data). The
+    embedding backbone only where its cache is not there yet: with valid embeddings `dots embed`
+    never loads it."""
+    from .engines import require_engine  # noqa: PLC0415
     from .hub import require_cached  # noqa: PLC0415
+    from .models import resolve_device  # noqa: PLC0415
 
+    if args.command not in ("warmup", "embed", "label", "train", "evaluate", "all", "bench"):
+        return
+    resolve_device(cfg.train.device)
+    if args.command != "embed":
+        require_engine(cfg.rollout.engine)
     if args.command == "evaluate" and args.data and args.policy:
         require_cached({"--policy": args.policy})
     elif args.command in ("warmup", "label", "train", "evaluate"):

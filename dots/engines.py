@@ -15,6 +15,18 @@ if TYPE_CHECKING:
     from .config import Config
 
 
+VLLM_MISSING = "rollout.engine: 'vllm' needs the gpu extra (pip install 'dots[gpu]') and a GPU"
+
+
+def require_engine(name: str) -> None:
+    """Refuse `rollout.engine: vllm` where vLLM is not installed, before a command's work (the CLI
+    checks it first: the engine starts only after the data step and the policy load)."""
+    import importlib.util  # noqa: PLC0415
+
+    if name == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ValueError(f"{VLLM_MISSING}; vllm is not installed")
+
+
 def make_engine(name: str, model, tokenizer, batch_size: int, **vllm_options) -> RolloutEngine:
     """The engine named in `rollout.engine`; vLLM is imported only when asked for."""
     if name == "hf":
@@ -23,8 +35,7 @@ def make_engine(name: str, model, tokenizer, batch_size: int, **vllm_options) ->
         try:
             from .rollout_vllm import VLLMEngine  # noqa: PLC0415  (optional gpu extra)
         except ImportError as exc:
-            raise RuntimeError("rollout.engine: 'vllm' needs the gpu extra (pip install 'dots[gpu]') and a "
-                               f"GPU; import failed: {exc}") from None
+            raise ValueError(f"{VLLM_MISSING}; import failed: {exc}") from None
         return VLLMEngine(model, tokenizer, batch_size=batch_size, **vllm_options)
     raise ValueError(f"rollout.engine: unknown engine {name!r}; allowed: hf, vllm")
 

@@ -91,7 +91,7 @@ def resolve_device(name: str = "auto") -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device: 'cuda' asked for but no GPU is visible")
+        raise ValueError("train.device: 'cuda' asked for but no GPU is visible")  # the CLI: one line
     return torch.device(name)
 
 

@@ -214,7 +214,7 @@ def test_choosing_vllm_without_the_gpu_extra_is_a_clear_error():
         pytest.skip("vllm is installed here")
     tok = build_tokenizer()
     model = build_model(load_config(None).model, tok)
-    with pytest.raises(RuntimeError, match=r"dots\[gpu\]"):
+    with pytest.raises(ValueError, match=r"dots\[gpu\]"):
         make_engine("vllm", model, tok, 8)
 
 

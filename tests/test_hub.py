@@ -77,6 +77,29 @@ def test_the_cli_refuses_an_uncached_policy_in_one_line_before_any_work(hub_cach
     assert not (root / "data").exists()  # `dots all` stopped before preparing the data
 
 
+@pytest.mark.parametrize("override, said", [
+    ("train.device=cuda", "train.device: 'cuda' asked for but no GPU is visible"),
+    ("rollout.engine=vllm", "rollout.engine: 'vllm' needs the gpu extra (pip install 'dots[gpu]') and a GPU; "
+                            "vllm is not installed")])
+@pytest.mark.parametrize("command", ["all", "train"])
+def test_a_gpu_or_vllm_this_machine_lacks_is_one_line_before_any_work(tmp_path, capsys, override, said,
+                                                                      command):
+    """`dots train -S train.device=cuda` on a CPU machine was a traceback from inside the trainer, and
+    `rollout.engine=vllm` without the gpu extra one from the engine, after the policy had loaded
+    (`dots all`: after preparing the data)."""
+    import importlib.util
+
+    import torch
+
+    if torch.cuda.is_available() or importlib.util.find_spec("vllm") is not None:
+        pytest.skip("this machine has a GPU or vLLM")
+    root = tmp_path / "artifacts"
+    assert main([command, "-p", str(REPO / "params.yaml"), "-S", f"paths.root={root}", "-S", override]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == f"dots {command}: {said}"
+    assert not (root / "data").exists()
+
+
 def test_load_policy_says_the_same_for_a_hub_name_not_in_the_cache(hub_cache):
     from dots.models import load_policy
 
