@@ -48,6 +48,7 @@ from pydantic import ValidationError
 
 from .config import DatasetFormat as Format, DatasetSpec  # noqa: F401  (re-exported)
 from .data import Question, pool_hash
+from .hub import offline
 from .progress import say
 from .rewards import DEFAULT_TIMEOUT_S, unreadable_answers
 
@@ -174,17 +175,12 @@ def _read_jsonl(spec: DatasetSpec, columns: list[str], name: str) -> _Read:
     return values, problems
 
 
-def _hub_offline() -> bool:
-    flags = (os.environ.get("HF_HUB_OFFLINE", ""), os.environ.get("HF_DATASETS_OFFLINE", ""))
-    return any(f.strip().upper() in ("1", "ON", "YES", "TRUE") for f in flags)
-
-
 def _read_datasets(spec: DatasetSpec, columns: list[str], name: str) -> _Read:
     """A save_to_disk folder (load_from_disk), local data files (load_dataset("parquet"/"json")),
     a local folder of data files, or a hub name (load_dataset(name, split=...), online only)."""
     path = Path(spec.path)
     local = path.exists()
-    if not local and _hub_offline():
+    if not local and offline("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         raise DatasetError(f"{spec.path}: not a local file or folder, and HF_HUB_OFFLINE=1 forbids "
                            f"downloading it from the Hugging Face Hub; download it first or give a "
                            f"local path")

@@ -14,13 +14,14 @@ from pathlib import Path
 TRUE = ("1", "ON", "YES", "TRUE")
 
 
-def offline() -> bool:
-    """True when HF_HUB_OFFLINE is set to a true value, as the hub client reads it."""
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in TRUE
+def offline(*flags: str) -> bool:
+    """True when any of `flags` (default HF_HUB_OFFLINE) is set to a true value, as the hub client
+    reads it (`datasets` adds HF_DATASETS_OFFLINE)."""
+    return any(os.environ.get(f, "").strip().upper() in TRUE for f in flags or ("HF_HUB_OFFLINE",))
 
 
 def is_hub_name(ref: str | Path) -> bool:
-    """`org/name`, not a local path (the rule `dots.models.load_policy` applies)."""
+    """`org/name`, not a local path (what `dots.models.load_policy` loads from the hub)."""
     text = str(ref)
     return not Path(text).exists() and not text.startswith((".", "/")) and text.count("/") == 1
 

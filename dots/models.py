@@ -13,7 +13,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from .config import ModelConfig
-from .hub import require_cached
+from .hub import is_hub_name, require_cached
 
 transformers.utils.logging.disable_progress_bar()
 
@@ -58,15 +58,16 @@ def save_policy(model, tokenizer, path: str | Path, state_dict: dict | None = No
     tokenizer.save_pretrained(path)
 
 
-def load_policy(path: str | Path, dtype: torch.dtype = torch.float32):
+def load_policy(path: str | Path, dtype: torch.dtype = torch.float32, key: str = "model"):
     """Load a policy and tokenizer: a folder we saved, any local causal LM folder, or a hub
-    name (`model.pretrained`, online or from the local HF cache)."""
+    name (`model.pretrained`, online or from the local HF cache). `key` names the params key a
+    hub name missing from the cache came from (offline: one line, not a traceback)."""
     local = Path(path)
     if local.exists() and not (local / "config.json").exists():
         raise FileNotFoundError(f"{local}: no saved model; run `dots warmup` first")
-    if not local.exists() and (str(path).startswith((".", "/")) or str(path).count("/") != 1):
+    if not local.exists() and not is_hub_name(path):
         raise FileNotFoundError(f"{path}: no saved model here (and not a hub name); run `dots warmup` first")
-    require_cached({"model": path})  # offline and not in the HF cache: one line, not a traceback
+    require_cached({key: path})
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:

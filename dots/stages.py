@@ -29,7 +29,6 @@ from .distributed import launched_main, launched_world_size
 from .embeddings import (StaleCacheError, backbone_identity, encode_with_sentence_transformers, load_embeddings,
                          masked_mean_embeddings, save_embeddings)
 from .evaluation import pass_rates, spectrum, task_io
-from .hub import require_cached
 from .models import load_policy, resolve_device
 from .predictor import load_predictor, save_predictor
 from .predictor_training import fit_predictor
@@ -201,8 +200,8 @@ def embed(cfg: Config) -> dict:
         model, tok = load_policy(p.policy)
         emb = masked_mean_embeddings(model, tok, texts, cfg.embed.batch_size, cfg.embed.pooling)
     elif cfg.embed.backbone.startswith("hf:"):  # a frozen hub/local causal LM, e.g. the instruct model
-        require_cached({"embed.backbone": cfg.embed.backbone[3:]})
-        model, tok = load_policy(cfg.embed.backbone[3:], getattr(torch, cfg.model.dtype))
+        model, tok = load_policy(cfg.embed.backbone[3:], getattr(torch, cfg.model.dtype),
+                                 key="embed.backbone")
         model.to(resolve_device(cfg.train.device))
         emb = masked_mean_embeddings(model, tok, texts, cfg.embed.batch_size, cfg.embed.pooling)
     elif cfg.embed.backbone.startswith("sentence-transformers:"):

@@ -105,3 +105,6 @@ def test_load_policy_says_the_same_for_a_hub_name_not_in_the_cache(hub_cache):
 
     with pytest.raises(FileNotFoundError, match="model: org/missing: not in the Hugging Face cache"):
         load_policy("org/missing")
+    # the embed stage names the key its backbone came from
+    with pytest.raises(FileNotFoundError, match="^embed.backbone: org/embedder: not in the Hugging Face"):
+        load_policy("org/embedder", key="embed.backbone")
