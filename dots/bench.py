@@ -62,6 +62,7 @@ from .progress import say
 from .runfiles import json_safe
 from .runfiles import (Crossing, crossing, equal_time_difference, final_smoothed, resumed_label, smoothed,
                        step_seconds)
+from .workspace_lock import exclusive
 
 RESULTS = Path("results/bench")
 SHARED_SECTIONS = ("task", "model", "warmup", "embed", "label", "predictor", "rollout", "selection.ref_size")
@@ -1037,12 +1038,14 @@ def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, o
         tag = "".join(f"+{v.label}:{','.join(v.overrides)}" for v in variants)
         os.environ["DOTS_PIPELINE_ID"] = f"bench-{cfg.fingerprint(BENCH_EXCLUDE)}-{git_commit()[:12]}" + (
             f"-{hashlib.sha256(tag.encode()).hexdigest()[:8]}" if tag else "")
-    start, began = time.perf_counter(), time.time()
-    (shared or prepare_shared)(cfg)
-    order = run_order(all_arms, seeds)
-    train_seeds(cfg, [(seed, [m for s, m in order if s == seed]) for seed in seeds], variants, runner)
-    extra = {"bench_wall_s": time.perf_counter() - start,
-             "runs_read_back": runs_finished_before(cfg, all_arms, seeds, began, variants)}
-    result = report(cfg, all_arms, seeds, out_dir, dataset, extra, variants)
+    # a second bench of this workspace waits: two would train the same run folders at once
+    with exclusive(cfg.root, f"bench of seeds {' '.join(map(str, seeds))} ({' '.join(all_arms)})"):
+        start, began = time.perf_counter(), time.time()  # after any wait: its seconds are not the bench's
+        (shared or prepare_shared)(cfg)
+        order = run_order(all_arms, seeds)
+        train_seeds(cfg, [(seed, [m for s, m in order if s == seed]) for seed in seeds], variants, runner)
+        extra = {"bench_wall_s": time.perf_counter() - start,
+                 "runs_read_back": runs_finished_before(cfg, all_arms, seeds, began, variants)}
+        result = report(cfg, all_arms, seeds, out_dir, dataset, extra, variants)
     say(Path(out_dir / "table.md").read_text())
     return result

@@ -165,11 +165,16 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "evaluate":
             _evaluate(cfg, args)
         elif args.command == "all":
-            stages.run_shared(cfg)
-            for method in cfg.train.methods:  # a full run starts training over
-                stages.train(cfg, method, resume=False)
-                stages.evaluate(cfg, method)
-            stages.compare(cfg)
+            from pathlib import Path  # noqa: PLC0415
+
+            from .workspace_lock import exclusive  # noqa: PLC0415
+
+            with exclusive(Path.cwd(), "dots all"):  # a flow (or another `dots all`) of this repo waits
+                stages.run_shared(cfg)
+                for method in cfg.train.methods:  # a full run starts training over
+                    stages.train(cfg, method, resume=False)
+                    stages.evaluate(cfg, method)
+                stages.compare(cfg)
     except (FileNotFoundError, ValueError, ConnectionError) as exc:  # bad input, unreachable service
         print(f"dots {args.command}: {scrub(str(exc))}", file=sys.stderr)
         return 1

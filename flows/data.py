@@ -8,14 +8,15 @@ from pathlib import Path
 from prefect import flow
 from prefect.events import emit_event
 
-from flows.pipeline import run_env
+from flows.pipeline import run_env, workspace
 from tasks import stages
 
 
 @flow(name="dots-version-data", log_prints=True)
 def version_data(repo: str = ".", remote: str | None = None) -> str:
     repo = str(Path(repo).resolve())
-    version = stages.version_data(repo, remote, run_env())
+    with workspace(repo, "dots-version-data"):
+        version = stages.version_data(repo, remote, run_env())
     emit_event(event="dots.data.versioned", resource={"prefect.resource.id": f"dots.dataset.{version}"},
                payload={"data_version": version, "repo": repo})
     return version

@@ -17,7 +17,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from dots import versioning
+from dots import versioning, workspace_lock
 from dots.config import load_config
 from tasks import stages
 
@@ -25,6 +25,12 @@ from tasks import stages
 def run_env() -> dict[str, str]:
     """Stage processes group their MLflow runs under this flow run."""
     return {"DOTS_PIPELINE_ID": f"prefect-{flow_run.get_id() or 'local'}"}
+
+
+def workspace(repo: str, flow_name: str):
+    """This flow run's hold on the repository: overlapping deployments (a cron and a trigger) take
+    turns instead of one failing on DVC's lock or running on the other's overrides."""
+    return workspace_lock.exclusive(repo, f"Prefect flow run {flow_run.get_name() or 'local'} of {flow_name}")
 
 
 def prepare_models(repo: str, env: dict, remote: str | None = None) -> str:
@@ -40,7 +46,8 @@ def prepare_models(repo: str, env: dict, remote: str | None = None) -> str:
 @flow(name="dots-pipeline", log_prints=True)
 def pipeline(repo: str = ".", overrides: list[str] | None = None, remote: str | None = None) -> dict:
     repo = str(Path(repo).resolve())
-    with versioning.params_overridden(overrides, repo):  # the user's params.yaml is back when this ends
+    # one flow writes the repository at a time; the user's params.yaml is back when this ends
+    with workspace(repo, "dots-pipeline"), versioning.params_overridden(overrides, repo):
         cfg = load_config(Path(repo) / "params.yaml")
         env = run_env()
         version = prepare_models(repo, env, remote)

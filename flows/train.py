@@ -11,14 +11,15 @@ from prefect import flow
 
 from dots import versioning
 from dots.config import load_config
-from flows.pipeline import prepare_models, run_env
+from flows.pipeline import prepare_models, run_env, workspace
 from tasks import stages
 
 
 @flow(name="dots-train", log_prints=True)
 def train_run(method: str = "dots_rr", repo: str = ".", overrides: list[str] | None = None) -> dict:
     repo = str(Path(repo).resolve())
-    with versioning.params_overridden(overrides, repo):  # the user's params.yaml is back when this ends
+    # one flow writes the repository at a time; the user's params.yaml is back when this ends
+    with workspace(repo, "dots-train"), versioning.params_overridden(overrides, repo):
         cfg = load_config(Path(repo) / "params.yaml")
         if method not in cfg.train.methods:
             raise ValueError(f"method {method!r}: the DVC train stages run train.methods={cfg.train.methods}; "

@@ -1,0 +1,84 @@
+"""One writer per workspace: a Prefect flow, `dots all` or a bench holds an exclusive lock on its
+folder for as long as it writes there, and a second one waits for the first to finish.
+
+Why: the deployments of one repository overlap (the nightly compare's cron and a data-triggered
+pipeline), and every flow writes params.yaml (its overrides, put back when it ends), dvc.lock and
+the same run folders. Unserialized, the second flow's first DVC stage failed on DVC's repo lock,
+between stages one flow's stages read the other's overrides, and two flows with overrides could
+leave the first one's overrides in the user's params.yaml for good (the second took them for the
+user's file and put them back). Two benches in one workspace trained the same run folders at once.
+
+The lock is an OS file lock (flock) on `<folder>/.dots.lock`: it dies with its process, so a
+killed run never leaves a stale lock behind. Prefect's global concurrency limits would need a
+limit made on a server first, and do not span the ephemeral servers that `make run` and `make
+bench` start one per process. The file holds who has the lock (what, pid, host, since), which the
+waiting run prints.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .progress import say
+
+LOCK_NAME = ".dots.lock"
+_held: dict[Path, int] = {}  # folder -> depth: a flow calling a flow in one process does not wait on itself
+
+
+def holder(folder: str | Path) -> dict | None:
+    """Who holds the workspace's lock, as its holder wrote it (None when free or unreadable)."""
+    try:
+        return json.loads((Path(folder) / LOCK_NAME).read_text() or "null")
+    except (OSError, ValueError):
+        return None
+
+
+def describe(who: dict | None) -> str:
+    if not who:
+        return "another run (it has not said which yet)"
+    return (f"{who.get('what', 'another run')} (pid {who.get('pid')} on {who.get('host')}, "
+            f"since {who.get('since')})")
+
+
+@contextmanager
+def exclusive(folder: str | Path, what: str, report: Callable[[str], None] = say) -> Iterator[None]:
+    """Hold `folder`'s lock for the body, waiting (and saying for whom) while another run holds it.
+    Ctrl-C while waiting stops this run and leaves the other one alone."""
+    folder = Path(folder).resolve()
+    if folder in _held:
+        _held[folder] += 1
+        try:
+            yield
+        finally:
+            _held[folder] -= 1
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            report(f"{what}: waiting for {describe(holder(folder))} to finish with {folder} "
+                   "(one run writes a workspace at a time; Ctrl-C stops this one only)")
+            start = time.monotonic()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            report(f"{what}: {folder} is free after {time.monotonic() - start:.0f} s; going on")
+        me = {"what": what, "pid": os.getpid(), "host": socket.gethostname(),
+              "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        _held[folder] = 1
+        try:
+            yield
+        finally:
+            del _held[folder]
+            os.ftruncate(fd, 0)  # still locked: the next holder never reads a finished run as its holder
+    finally:
+        os.close(fd)  # releases the lock

@@ -1,0 +1,186 @@
+"""One writer per workspace (dots.workspace_lock): a second flow, `dots all` or bench of the same
+folder waits for the first, says for whom, and never finds a lock its holder's death left behind.
+The race it closes: two flows with overrides on one repository, where the second took the
+first's overridden params.yaml for the user's and put it back for good."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dots import workspace_lock
+from dots.workspace_lock import exclusive, holder
+
+from .conftest import REPO
+
+PARAMS = "train:\n  steps: 300  # the user's own comment\n"
+
+# holds `folder`'s lock as `what`, says "held" once it has it, sleeps `hold` seconds, and leaves
+# `<folder>/done` just before it lets go
+HOLDER = textwrap.dedent("""
+    import pathlib, sys, time
+    from dots.workspace_lock import exclusive
+    folder, what, hold = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    with exclusive(folder, what):
+        print("held", flush=True)
+        time.sleep(hold)
+        pathlib.Path(folder, "done").touch()
+""")
+
+# a flow's body: the lock, then the overrides, then a stage that reads params.yaml
+OVERRIDDEN_RUN = textwrap.dedent("""
+    import sys, time, yaml
+    from dots.versioning import params_overridden
+    from dots.workspace_lock import exclusive
+    repo, steps, hold = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    with exclusive(repo, f"run {steps}"), params_overridden([f"train.steps={steps}"], repo):
+        print("held", flush=True)
+        seen = [yaml.safe_load(open(f"{repo}/params.yaml"))["train"]["steps"]]
+        time.sleep(hold)
+        seen.append(yaml.safe_load(open(f"{repo}/params.yaml"))["train"]["steps"])
+        print("saw", *seen, flush=True)
+""")
+
+
+def _start(script: str, *args) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", script, *map(str, args)], stdout=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.stdout.readline().strip() == "held"  # it holds the lock from here on
+    return proc
+
+
+def test_the_holder_is_written_while_held_and_cleared_after(tmp_path):
+    assert holder(tmp_path) is None
+    with exclusive(tmp_path, "dots all", report=pytest.fail):
+        who = holder(tmp_path)
+        assert who["what"] == "dots all" and who["pid"] == os.getpid()
+    assert holder(tmp_path) is None
+
+
+def test_a_second_run_waits_for_the_first_and_names_it(tmp_path):
+    other = _start(HOLDER, tmp_path, "Prefect flow run nightly of dots-compare", 1.5)
+    said = []
+    with exclusive(tmp_path, "dots all", report=said.append):
+        assert (tmp_path / "done").exists(), "went on while the other run still held the workspace"
+        assert holder(tmp_path)["pid"] == os.getpid()
+    assert other.wait() == 0
+    assert len(said) == 2
+    assert said[0].startswith("dots all: waiting for Prefect flow run nightly of dots-compare (pid "
+                              f"{other.pid} on ")
+    assert str(tmp_path.resolve()) in said[0] and "is free after" in said[1]
+
+
+def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
+    other = _start(HOLDER, tmp_path, "dots bench", 600)
+    assert holder(tmp_path)["pid"] == other.pid
+    other.send_signal(signal.SIGKILL)
+    other.wait()
+    assert holder(tmp_path)["pid"] == other.pid  # its record is still there, its lock is not
+    with exclusive(tmp_path, "dots all", report=pytest.fail):  # no wait
+        assert holder(tmp_path)["pid"] == os.getpid()
+
+
+def test_the_same_process_takes_its_own_lock_again(tmp_path):
+    with exclusive(tmp_path, "outer", report=pytest.fail):
+        with exclusive(tmp_path / ".", "inner", report=pytest.fail):  # a flow calling a flow
+            assert holder(tmp_path)["what"] == "outer"
+        assert holder(tmp_path)["what"] == "outer"
+    assert workspace_lock._held == {}
+
+
+def test_two_overridden_runs_of_one_repo_take_turns_and_leave_the_users_params(tmp_path):
+    (tmp_path / "params.yaml").write_text(PARAMS)
+    first = _start(OVERRIDDEN_RUN, tmp_path, 20, 1.5)
+    second = subprocess.Popen([sys.executable, "-c", OVERRIDDEN_RUN, str(tmp_path), "40", "0"],
+                              stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    out_first, _ = first.communicate(timeout=120)
+    out_second, _ = second.communicate(timeout=120)
+    assert first.returncode == second.returncode == 0
+    assert "saw 20 20" in out_first  # the other run's overrides never reached this one's stages
+    assert "waiting for run 20" in out_second and "saw 40 40" in out_second
+    assert (tmp_path / "params.yaml").read_text() == PARAMS  # byte for byte the user's
+    assert not (tmp_path / "params.yaml.before-overrides").exists()
+
+
+def _fake_stages(monkeypatch, repo: Path, calls: list):
+    """The train flow's stages as plain functions that record what each saw."""
+    from tasks import stages
+
+    def stage(name):
+        def run(*args, **kwargs):
+            steps = yaml.safe_load((repo / "params.yaml").read_text())["train"]["steps"]
+            calls.append((name, holder(repo)["pid"] == os.getpid() and (repo / "done").exists(), steps))
+            if name == "train":
+                out = repo / "artifacts" / "runs" / "grpo"
+                out.mkdir(parents=True, exist_ok=True)
+                (out / "summary.json").write_text(json.dumps({"method": "grpo"}))
+            return "v1"
+        return run
+    for name in ("version_data", "warmup", "embed", "label", "fit_predictor", "train", "evaluate"):
+        monkeypatch.setattr(stages, name, stage(name))
+
+
+def test_the_train_flow_holds_the_repo_while_a_dots_all_runs_there(tmp_path, monkeypatch):
+    from flows.train import train_run
+
+    (tmp_path / "params.yaml").write_text(PARAMS)
+    calls: list = []
+    _fake_stages(monkeypatch, tmp_path, calls)
+    other = _start(HOLDER, tmp_path, "dots all", 1.5)
+    summary = train_run.fn(method="grpo", repo=str(tmp_path), overrides=["train.steps=25"])
+    assert other.wait() == 0 and summary == {"method": "grpo"}
+    assert [c[0] for c in calls] == ["version_data", "warmup", "embed", "label", "fit_predictor", "train",
+                                     "evaluate"]
+    # every stage ran under this flow's lock, after the other run had finished, on its own overrides
+    assert all(held and steps == 25 for _, held, steps in calls)
+    assert (tmp_path / "params.yaml").read_text() == PARAMS
+    assert holder(tmp_path) is None
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_second_bench_of_a_workspace_waits_before_its_shared_stages(tmp_path):
+    from dots import bench
+    from dots.config import load_config
+
+    cfg = bench.bench_config(load_config(REPO / "params.yaml", [f"paths.root={tmp_path / 'artifacts'}",
+                                                                  "tracking.enabled=false"]))
+    seen = []
+
+    def shared(_cfg):
+        seen.append((cfg.root / "done").exists() and holder(cfg.root)["pid"] == os.getpid())
+        raise _Stop
+
+    other = _start(HOLDER, cfg.root, "dots bench", 1.5)  # artifacts/bench: the bench's own workspace
+    with pytest.raises(_Stop):
+        bench.run_bench(cfg, [0], ["grpo", "dots_rr"], tmp_path / "results", shared=shared)
+    assert other.wait() == 0
+    assert seen == [True]  # its shared stages ran under its own lock, after the other bench let go
+    assert holder(cfg.root) is None  # let go when the bench failed
+
+
+def test_dots_all_waits_for_a_flow_of_its_repository(tmp_path, monkeypatch, capsys):
+    from dots import cli, stages
+
+    def shared(_cfg):
+        assert (tmp_path / "done").exists() and holder(tmp_path)["what"] == "dots all"
+        raise _Stop
+
+    monkeypatch.setattr(stages, "run_shared", shared)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("tracking:\n  enabled: false\n")
+    other = _start(HOLDER, tmp_path, "Prefect flow run brave-otter of dots-pipeline", 1.5)
+    with pytest.raises(_Stop):
+        cli.main(["all"])
+    assert other.wait() == 0
+    assert "dots all: waiting for Prefect flow run brave-otter of dots-pipeline" in capsys.readouterr().out
