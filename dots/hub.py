@@ -8,6 +8,7 @@ fetches it, checked before the stage's work.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -26,25 +27,56 @@ def is_hub_name(ref: str | Path) -> bool:
     return not Path(text).exists() and not text.startswith((".", "/")) and text.count("/") == 1
 
 
-def cached(name: str) -> bool:
-    """Whether the local Hugging Face cache holds `name`'s config (its snapshot is downloaded)."""
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # one file of weights
+INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")  # or shards an index lists
+
+
+def _cached_file(name: str, filename: str) -> str | None:
     from huggingface_hub import try_to_load_from_cache  # noqa: PLC0415
 
-    return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    path = try_to_load_from_cache(name, filename)
+    return path if isinstance(path, str) else None
+
+
+def missing_files(name: str) -> list[str] | None:
+    """What `name`'s cached snapshot lacks to load: None when it is not in the cache at all, [] when
+    its config and every file of its weights are there. A download cut short leaves a snapshot with
+    its config and only some weights (the hub client links a file into the snapshot once it is
+    whole), which passed a config-only check and failed inside `from_pretrained`."""
+    if _cached_file(name, "config.json") is None:
+        return None
+    if any(_cached_file(name, w) for w in WEIGHTS):
+        return []
+    for index in INDEXES:
+        path = _cached_file(name, index)
+        if path is not None:
+            shards = sorted(set(json.loads(Path(path).read_text()).get("weight_map", {}).values()))
+            return [s for s in shards if _cached_file(name, s) is None]
+    return [WEIGHTS[0]]
 
 
 def require_cached(refs: dict[str, str | Path | None]) -> None:
-    """Refuse, offline, every hub model of `refs` ({key: name or path}) the cache lacks, naming
-    each key; online (HF_HUB_OFFLINE=0) transformers downloads them, so nothing is checked."""
+    """Refuse, offline, every hub model of `refs` ({key: name or path}) the cache lacks or holds in
+    part, naming each key; online (HF_HUB_OFFLINE=0) transformers downloads them, so nothing is
+    checked."""
     if not offline():
         return
-    missing = [(key, str(ref)) for key, ref in refs.items()
-               if ref and is_hub_name(ref) and not cached(str(ref))]
-    if missing:
-        from huggingface_hub import constants  # noqa: PLC0415
+    hub = [(key, str(ref)) for key, ref in refs.items() if ref and is_hub_name(ref)]
+    lacks = {ref: missing_files(ref) for _, ref in hub}
+    missing = [(key, ref) for key, ref in hub if lacks[ref] is None]
+    partial = [(key, ref) for key, ref in hub if lacks[ref]]
+    if not missing and not partial:
+        return
+    from huggingface_hub import constants  # noqa: PLC0415
 
-        named = "; ".join(f"{key}: {ref}" for key, ref in missing)
-        fetch = " && ".join(f"hf download {ref}" for _, ref in missing)
-        raise FileNotFoundError(f"{named}: not in the Hugging Face cache ({constants.HF_HUB_CACHE}), "
-                                f"and dots runs offline (HF_HUB_OFFLINE=1): fetch it first (`{fetch}`), "
-                                "or run with HF_HUB_OFFLINE=0 to let transformers download it")
+    said = []
+    if missing:
+        said.append("; ".join(f"{key}: {ref}" for key, ref in missing)
+                    + f": not in the Hugging Face cache ({constants.HF_HUB_CACHE})")
+    for key, ref in partial:
+        files = lacks[ref]
+        said.append(f"{key}: {ref}: in the Hugging Face cache without {', '.join(files[:3])}"
+                    + (f" and {len(files) - 3} more" if len(files) > 3 else "") + " (a download cut short?)")
+    fetch = " && ".join(f"hf download {ref}" for _, ref in missing + partial)
+    raise FileNotFoundError(f"{'; '.join(said)}, and dots runs offline (HF_HUB_OFFLINE=1): fetch it first "
+                            f"(`{fetch}`), or run with HF_HUB_OFFLINE=0 to let transformers download it")

@@ -4,6 +4,8 @@ the warm-up, after `dots all` had prepared the data)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from huggingface_hub import constants
 
@@ -21,12 +23,13 @@ def hub_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
-    def add(name: str) -> None:
+    def add(name: str, files: dict[str, str] | None = None) -> None:
         repo = cache / f"models--{name.replace('/', '--')}"
-        (repo / "refs").mkdir(parents=True)
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
         (repo / "refs" / "main").write_text("0123abc")
-        (repo / "snapshots" / "0123abc").mkdir(parents=True)
-        (repo / "snapshots" / "0123abc" / "config.json").write_text("{}")
+        (repo / "snapshots" / "0123abc").mkdir(parents=True, exist_ok=True)
+        for file, text in (files or {"config.json": "{}", "model.safetensors": "weights"}).items():
+            (repo / "snapshots" / "0123abc" / file).write_text(text)
 
     return add
 
@@ -51,6 +54,32 @@ def test_a_missing_hub_model_is_named_with_its_key_and_the_fetch_command(hub_cac
     require_cached({"model.pretrained": "org/local", "embed.backbone": None})
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     require_cached({"model.pretrained": "org/nowhere"})
+
+
+def test_a_model_downloaded_in_part_is_named_with_what_it_lacks(hub_cache):
+    """The hub client links a file into the snapshot once it is whole: a download cut short leaves
+    the config and some of the weights, which a config-only check passed and `from_pretrained`
+    then failed on, inside the stage."""
+    index = json.dumps({"weight_map": {f"layer{i}": f"model-0000{i % 3 + 1}-of-00003.safetensors"
+                                       for i in range(9)}})
+    hub_cache("org/sharded", {"config.json": "{}", "model.safetensors.index.json": index,
+                              "model-00001-of-00003.safetensors": "w",
+                              "model-00003-of-00003.safetensors": "w"})
+    hub_cache("org/bare", {"config.json": "{}"})
+    refs = {"model.pretrained": "org/sharded", "embed.backbone": "org/bare", "other": "org/nowhere"}
+    with pytest.raises(FileNotFoundError) as exc:
+        require_cached(refs)
+    assert str(exc.value).startswith(
+        "other: org/nowhere: not in the Hugging Face cache (")
+    said = str(exc.value)
+    assert ("; model.pretrained: org/sharded: in the Hugging Face cache without "
+            "model-00002-of-00003.safetensors (a download cut short?); embed.backbone: org/bare: in the "
+            "Hugging Face cache without model.safetensors (a download cut short?), and dots runs "
+            "offline") in said
+    assert "`hf download org/nowhere && hf download org/sharded && hf download org/bare`" in said
+    hub_cache("org/sharded", {"model-00002-of-00003.safetensors": "w"})  # the download finished
+    hub_cache("org/bare", {"pytorch_model.bin": "w"})
+    require_cached({"model.pretrained": "org/sharded", "embed.backbone": "org/bare"})
 
 
 def test_the_config_names_its_policy_and_an_hf_backbone():
