@@ -12,9 +12,11 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 
+from .atomic import DiskFull
 from .config import BENCH_METHODS, BENCH_SEEDS, MAX_SEED, METHODS, ConfigError, load_config, params_file
 from .redact import scrub
 
@@ -177,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
                 stages.compare(cfg)
     except (FileNotFoundError, ValueError, ConnectionError) as exc:  # bad input, unreachable service
         print(f"dots {args.command}: {scrub(str(exc))}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a full disk: one line naming the file (atomic writes keep the old one)
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        said = exc.strerror if isinstance(exc, DiskFull) else (
+            f"{exc.filename or 'a file'}: no space left on its disk. Free space and run the command again")
+        print(f"dots {args.command}: {scrub(said)}", file=sys.stderr)
         return 1
     return 0
 
