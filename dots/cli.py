@@ -142,36 +142,33 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         _require_environment(cfg, args, stages)
-        if args.command == "prepare":
-            stages.prepare(cfg)
-        elif args.command == "warmup":
-            stages.run_warmup(cfg)
-        elif args.command == "embed":
-            stages.embed(cfg)
-        elif args.command == "label":
-            stages.label(cfg)
-        elif args.command == "fit-predictor":
-            stages.fit(cfg)
-        elif args.command == "train":
-            stages.train(cfg, args.method, resume=not args.restart)
-        elif args.command == "bench":
-            from pathlib import Path  # noqa: PLC0415
+        with _workspace(args):  # a command that writes the repository waits for a flow writing it
+            if args.command == "prepare":
+                stages.prepare(cfg)
+            elif args.command == "warmup":
+                stages.run_warmup(cfg)
+            elif args.command == "embed":
+                stages.embed(cfg)
+            elif args.command == "label":
+                stages.label(cfg)
+            elif args.command == "fit-predictor":
+                stages.fit(cfg)
+            elif args.command == "train":
+                stages.train(cfg, args.method, resume=not args.restart)
+            elif args.command == "bench":
+                from pathlib import Path  # noqa: PLC0415
 
-            from .bench import run_bench  # noqa: PLC0415
+                from .bench import run_bench  # noqa: PLC0415
 
-            run_bench(bench_cfg, args.seeds, args.methods, Path(args.out), args.dataset, variants=variants)
-        elif args.command == "compare":
-            stages.compare(cfg)
-        elif args.command == "evaluate" and args.method:
-            stages.evaluate(cfg, args.method)
-        elif args.command == "evaluate":
-            _evaluate(cfg, args)
-        elif args.command == "all":
-            from pathlib import Path  # noqa: PLC0415
-
-            from .workspace_lock import exclusive  # noqa: PLC0415
-
-            with exclusive(Path.cwd(), "dots all"):  # a flow (or another `dots all`) of this repo waits
+                run_bench(bench_cfg, args.seeds, args.methods, Path(args.out), args.dataset,
+                          variants=variants)
+            elif args.command == "compare":
+                stages.compare(cfg)
+            elif args.command == "evaluate" and args.method:
+                stages.evaluate(cfg, args.method)
+            elif args.command == "evaluate":
+                _evaluate(cfg, args)
+            elif args.command == "all":
                 stages.run_shared(cfg)
                 for method in cfg.train.methods:  # a full run starts training over
                     stages.train(cfg, method, resume=False)
@@ -188,6 +185,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dots {args.command}: {scrub(said)}", file=sys.stderr)
         return 1
     return 0
+
+
+WRITES_REPOSITORY = ("prepare", "warmup", "embed", "label", "fit-predictor", "train", "compare", "all")
+
+
+def _workspace(args):
+    """The repository's lock (dots.workspace_lock) for a command that writes its artifacts: run by
+    hand beside a flow of the same repository (or another such command), it waits instead of
+    training into the same run folder at once. The DVC stages a flow runs inherit its hold (they
+    would otherwise wait on their own flow); under torchrun rank 0 holds it for every rank."""
+    from contextlib import nullcontext  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from .workspace_lock import exclusive  # noqa: PLC0415
+
+    writes = args.command in WRITES_REPOSITORY or (args.command == "evaluate" and args.method)
+    if not writes or os.environ.get("RANK", "0") != "0":
+        return nullcontext()
+    method = getattr(args, "method", None)
+    return exclusive(Path.cwd(), f"dots {args.command}" + (f" --method {method}" if method else ""))
 
 
 _ONE_VALUE = {"-p", "--params", "-S", "--set", "--variant", "--out", "--dataset"}

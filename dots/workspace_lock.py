@@ -1,5 +1,7 @@
-"""One writer per workspace: a Prefect flow, `dots all` or a bench holds an exclusive lock on its
-folder for as long as it writes there, and a second one waits for the first to finish.
+"""One writer per workspace: a Prefect flow, a `dots` command that writes the repository (`dots
+train`, `dots all`, ...) or a bench holds an exclusive lock on its folder for as long as it writes
+there, and a second one waits for the first to finish. The processes a holder starts (a flow's DVC
+stages, which run `dots train` and the like) inherit its hold through DOTS_WORKSPACE_HELD.
 
 Why: the deployments of one repository overlap (the nightly compare's cron and a data-triggered
 pipeline), and every flow writes params.yaml (its overrides, put back when it ends), dvc.lock and
@@ -29,7 +31,19 @@ from pathlib import Path
 from .progress import say
 
 LOCK_NAME = ".dots.lock"
+# the folders this process (or the holder that started it) holds, for its child processes: a flow's
+# DVC stages run `dots train` and the like, which would otherwise wait on their own flow's lock
+HELD_ENV = "DOTS_WORKSPACE_HELD"
 _held: dict[Path, int] = {}  # folder -> depth: a flow calling a flow in one process does not wait on itself
+
+
+def _inherited() -> set[Path]:
+    return {Path(p) for p in os.environ.get(HELD_ENV, "").split(os.pathsep) if p}
+
+
+def _publish() -> None:
+    folders = sorted(str(p) for p in _inherited() | set(_held))
+    os.environ[HELD_ENV] = os.pathsep.join(folders)
 
 
 def holder(folder: str | Path) -> dict | None:
@@ -52,12 +66,14 @@ def exclusive(folder: str | Path, what: str, report: Callable[[str], None] = say
     """Hold `folder`'s lock for the body, waiting (and saying for whom) while another run holds it.
     Ctrl-C while waiting stops this run and leaves the other one alone."""
     folder = Path(folder).resolve()
-    if folder in _held:
-        _held[folder] += 1
+    if folder in _held or folder in _inherited():  # held by this process, or by the run that started it
+        _held[folder] = _held.get(folder, 0) + 1
         try:
             yield
         finally:
             _held[folder] -= 1
+            if not _held[folder]:
+                del _held[folder]
         return
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
@@ -75,10 +91,16 @@ def exclusive(folder: str | Path, what: str, report: Callable[[str], None] = say
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me).encode(), 0)
         _held[folder] = 1
+        before = os.environ.get(HELD_ENV)
+        _publish()
         try:
             yield
         finally:
             del _held[folder]
+            if before is None:
+                os.environ.pop(HELD_ENV, None)
+            else:
+                os.environ[HELD_ENV] = before
             os.ftruncate(fd, 0)  # still locked: the next holder never reads a finished run as its holder
     finally:
         os.close(fd)  # releases the lock

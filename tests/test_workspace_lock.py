@@ -169,18 +169,68 @@ def test_a_second_bench_of_a_workspace_waits_before_its_shared_stages(tmp_path):
     assert holder(cfg.root) is None  # let go when the bench failed
 
 
-def test_dots_all_waits_for_a_flow_of_its_repository(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("argv, stage, what", [
+    (["all"], "run_shared", "dots all"),
+    (["train", "--method", "dots_rr"], "train", "dots train --method dots_rr"),
+    (["evaluate", "--method", "grpo"], "evaluate", "dots evaluate --method grpo"),
+])
+def test_a_command_run_by_hand_waits_for_a_flow_of_its_repository(tmp_path, monkeypatch, capsys, argv, stage,
+                                                                   what):
+    """Run by hand beside a nightly flow, `dots train --method dots_rr` trained into the run folder
+    and checkpoint the flow's own `train@dots_rr` stage was writing."""
     from dots import cli, stages
 
-    def shared(_cfg):
-        assert (tmp_path / "done").exists() and holder(tmp_path)["what"] == "dots all"
+    def body(*args, **kwargs):
+        assert (tmp_path / "done").exists() and holder(tmp_path)["what"] == what
         raise _Stop
 
-    monkeypatch.setattr(stages, "run_shared", shared)
+    monkeypatch.setattr(stages, stage, body)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text("tracking:\n  enabled: false\n")
     other = _start(HOLDER, tmp_path, "Prefect flow run brave-otter of dots-pipeline", 1.5)
     with pytest.raises(_Stop):
-        cli.main(["all"])
+        cli.main(argv)
     assert other.wait() == 0
-    assert "dots all: waiting for Prefect flow run brave-otter of dots-pipeline" in capsys.readouterr().out
+    assert f"{what}: waiting for Prefect flow run brave-otter of dots-pipeline" in capsys.readouterr().out
+
+
+def test_a_holders_own_children_do_not_wait_on_it(tmp_path):
+    """A flow's DVC stages are `dots` commands in child processes: they inherit its hold (else every
+    stage would wait on its own flow for ever)."""
+    child = ("import sys\nfrom dots.workspace_lock import exclusive, holder\n"
+             "with exclusive(sys.argv[1], 'dots train', report=sys.exit):\n"
+             "    print(holder(sys.argv[1])['what'])")
+    with exclusive(tmp_path, "Prefect flow run of dots-pipeline", report=pytest.fail):
+        out = subprocess.run([sys.executable, "-c", child, str(tmp_path)], capture_output=True, text=True,
+                             timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "Prefect flow run of dots-pipeline"  # the holder is still the flow
+    assert workspace_lock.HELD_ENV not in os.environ  # let go: a later child would wait again
+    # a process that did not inherit the hold waits (report=sys.exit: it says so and stops)
+    other = _start(HOLDER, tmp_path, "a flow", 30)
+    out = subprocess.run([sys.executable, "-c", child, str(tmp_path)], capture_output=True, text=True,
+                         timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    other.kill()
+    assert out.returncode == 1 and "dots train: waiting for a flow" in out.stderr
+
+
+def test_ranks_other_than_0_do_not_take_the_lock(tmp_path, monkeypatch):
+    """Under torchrun every rank runs `dots train`; rank 0 holds the repository for all (the others
+    waiting on it would wait for ever in the first collective)."""
+    from dots import cli, stages
+
+    def train(*args, **kwargs):
+        assert not (tmp_path / "done").exists() and holder(tmp_path)["what"] == "a flow"
+        raise _Stop
+
+    monkeypatch.setattr(stages, "train", train)
+    monkeypatch.setattr(cli, "_require_environment", lambda *a: None)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "1")
+    (tmp_path / "params.yaml").write_text("tracking:\n  enabled: false\n")
+    other = _start(HOLDER, tmp_path, "a flow", 30)
+    try:
+        with pytest.raises(_Stop):
+            cli.main(["train", "--method", "grpo"])
+    finally:
+        other.kill()
