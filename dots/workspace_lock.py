@@ -8,7 +8,8 @@ pipeline), and every flow writes params.yaml (its overrides, put back when it en
 the same run folders. Unserialized, the second flow's first DVC stage failed on DVC's repo lock,
 between stages one flow's stages read the other's overrides, and two flows with overrides could
 leave the first one's overrides in the user's params.yaml for good (the second took them for the
-user's file and put them back). Two benches in one workspace trained the same run folders at once.
+user's file and put them back). A `dots train` run by hand beside a flow trained into the run folder
+and checkpoint the flow's own stage was writing; two benches in one workspace did the same.
 
 The lock is an OS file lock (flock) on `<folder>/.dots.lock`: it dies with its process, so a
 killed run never leaves a stale lock behind. Prefect's global concurrency limits would need a
