@@ -20,6 +20,7 @@ waiting run prints.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -32,6 +33,7 @@ from pathlib import Path
 from .progress import say
 
 LOCK_NAME = ".dots.lock"
+_CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS)
 # the folders this process (or the holder that started it) holds, for its child processes: a flow's
 # DVC stages run `dots train` and the like, which would otherwise wait on their own flow's lock
 HELD_ENV = "DOTS_WORKSPACE_HELD"
@@ -76,8 +78,16 @@ def exclusive(folder: str | Path, what: str, report: Callable[[str], None] = say
             if not _held[folder]:
                 del _held[folder]
         return
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        if exc.errno not in _CANNOT_WRITE:
+            raise
+        # a read-only checkout whose command writes its paths.root elsewhere: run as before the lock
+        report(f"{what}: cannot hold {folder} ({exc.strerror}); this run is not serialized with others there")
+        yield
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

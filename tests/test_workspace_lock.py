@@ -5,6 +5,7 @@ first's overridden params.yaml for the user's and put it back for good."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -234,3 +235,26 @@ def test_ranks_other_than_0_do_not_take_the_lock(tmp_path, monkeypatch):
             cli.main(["train", "--method", "grpo"])
     finally:
         other.kill()
+
+
+def test_a_folder_it_cannot_write_runs_the_command_unserialized(tmp_path, monkeypatch):
+    """A read-only checkout whose command writes its paths.root elsewhere ran before the lock came;
+    it still runs, saying it is not serialized, instead of failing on the lock file."""
+    real_open = os.open
+
+    def read_only(path, *args, **kwargs):
+        if str(path).endswith(workspace_lock.LOCK_NAME):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    said = []
+    with exclusive(tmp_path, "dots train --method grpo", report=said.append):
+        ran = True
+    assert ran and said == [f"dots train --method grpo: cannot hold {tmp_path.resolve()} (Read-only file "
+                            "system); "
+                            "this run is not serialized with others there"]
+    monkeypatch.setattr(os, "open", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    with pytest.raises(OSError, match="I/O error"):  # any other failure is not taken for a read-only folder
+        with exclusive(tmp_path, "dots train", report=said.append):
+            pass
