@@ -21,7 +21,7 @@ from .faults import fault_point
 
 
 FULL_BELOW = 1 << 20  # bytes free after a failed write under which the disk is what failed
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # the errors a full disk or quota gives
 
 
 class DiskFull(OSError):
@@ -35,7 +35,7 @@ def free_bytes(folder: Path) -> int:
 def _out_of_space(exc: BaseException, folder: Path) -> bool:
     """Whether a failed write ran out of space: the OS said so, or a library that hides the OS's
     error (torch.save's zip writer raises RuntimeError) failed with under FULL_BELOW bytes left."""
-    if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+    if isinstance(exc, OSError) and exc.errno in NO_SPACE:
         return True
     try:
         return free_bytes(folder) < FULL_BELOW

@@ -12,11 +12,10 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import sys
 
-from .atomic import DiskFull
+from .atomic import NO_SPACE, DiskFull
 from .config import BENCH_METHODS, BENCH_SEEDS, MAX_SEED, METHODS, ConfigError, load_config, params_file
 from .redact import scrub
 
@@ -178,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dots {args.command}: {scrub(str(exc))}", file=sys.stderr)
         return 1
     except OSError as exc:  # a full disk: one line naming the file (atomic writes keep the old one)
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno not in NO_SPACE:
             raise
         said = exc.strerror if isinstance(exc, DiskFull) else (
             f"{exc.filename or 'a file'}: no space left on its disk. Free space and run the command again")
