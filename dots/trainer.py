@@ -533,6 +533,15 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             set_optimizer_state_dict(self.model, self.opt, opt_state, options=StateDictOptions(full_state_dict=True))
 
+    def _set_aside(self, state: dict, tag: str, why: str) -> None:
+        """Start over without losing the checkpoint this run cannot resume: it moves beside its
+        successor as checkpoint.<tag>.pt."""
+        kept = self.checkpoint_dir / f"checkpoint.{tag}.pt"
+        if self.dist.main:
+            (self.checkpoint_dir / CHECKPOINT).replace(kept)
+        say(f"{self.checkpoint_dir}: checkpoint (step {state['step']}) {why}; starting over, old state kept "
+            f"as {kept.name}")
+
     def _restore(self) -> None:
         state = load_checkpoint(self.checkpoint_dir)
         if state is None:
@@ -542,11 +551,15 @@ class Trainer:
                              f"not {self.method!r}")
         if state.get("fingerprint") != self._run_fingerprint():
             # Resuming would mix two runs: start over, but keep the old state aside rather than lose it.
-            kept = self.checkpoint_dir / f"checkpoint.stale-{state.get('fingerprint', 'unknown').replace(':', '-')}.pt"
-            if self.dist.main:
-                (self.checkpoint_dir / CHECKPOINT).replace(kept)
-            say(f"{self.checkpoint_dir}: checkpoint (step {state['step']}) was made with other params or another "
-                f"warm-up policy; starting over, old state kept as {kept.name}")
+            self._set_aside(state, f"stale-{state.get('fingerprint', 'unknown').replace(':', '-')}",
+                            "was made with other params or another warm-up policy")
+            return
+        if state["step"] > self.cfg.train.steps:
+            # a shorter budget than the checkpoint's (`train.steps=240` after a 300-step run): resuming
+            # returned the 300-step policy as the 240-step run's, which dvc.lock then recorded as such
+            self._set_aside(state, f"step{state['step']}",
+                            f"is past this run's train.steps ({self.cfg.train.steps}), and its step "
+                            f"{self.cfg.train.steps} is not kept")
             return
         if self.sharded:
             self._load_full_states(state["model"], state["optimizer"])

@@ -250,6 +250,25 @@ def test_a_checkpoint_made_with_other_params_is_not_resumed_but_kept(tiny_pipeli
     assert longer.step == 1
 
 
+def test_a_checkpoint_past_a_shorter_budget_is_not_resumed_but_kept(tiny_pipeline, pipeline_data, tmp_path):
+    """`train.steps=2` after a 3-step run: resuming returned the 3-step policy, records and
+    evaluations as the 2-step run's (and the DVC stage recorded them under train.steps 2)."""
+    extra = ("train.checkpoint_every=1", "eval.every=1")
+    _, full = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", "train.steps=3", *extra)
+    full.run()
+    _, shorter = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", "train.steps=2", *extra,
+                          resume=True)
+    assert shorter.step == 0 and shorter.records == []  # started over
+    kept = tmp_path / "run" / "checkpoint.step3.pt"
+    assert torch.load(kept, weights_only=False)["step"] == 3  # nothing lost
+    result = shorter.run()
+    assert [r["step"] for r in result.records] == [1, 2] and shorter.step == 2
+    # the same budget again, or a longer one, resumes as before
+    _, again = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", "train.steps=2", *extra,
+                        resume=True)
+    assert again.step == 2
+
+
 # ---- smoothing: one noisy evaluation can neither set the target nor reach it ------------------
 
 SPIKY = [
