@@ -18,6 +18,7 @@ import sys
 from .atomic import NO_SPACE, DiskFull
 from .config import BENCH_METHODS, BENCH_SEEDS, MAX_SEED, METHODS, ConfigError, load_config, params_file
 from .redact import scrub
+from .workspace_lock import HolderGone, WorkspaceBusy
 
 
 def _int_in(low: int, high: int | None):
@@ -141,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         _require_environment(cfg, args, stages)
-        with _workspace(args):  # a command that writes the repository waits for a flow writing it
+        with _workspace(args) as held:  # a command that writes the repository waits for a flow writing it
+            if held:  # params.yaml as it is now: while this waited, a flow's overrides were in it
+                cfg = load_config(params_file(args.params), args.overrides)
             if args.command == "prepare":
                 stages.prepare(cfg)
             elif args.command == "warmup":
@@ -176,6 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, ConnectionError) as exc:  # bad input, unreachable service
         print(f"dots {args.command}: {scrub(str(exc))}", file=sys.stderr)
         return 1
+    except WorkspaceBusy as exc:  # a `dvc repro` by hand beside a flow: see _workspace
+        print(f"{scrub(str(exc))}; as DVC's stage {os.environ.get(DVC_STAGE)} this command does not "
+              "wait for it (DVC keeps its locks on the stage's files meanwhile, which fails that run's next "
+              "stages). Run `dvc repro` again when it has finished", file=sys.stderr)
+        return 1
+    except HolderGone as exc:  # a flow's stage whose flow died before it started
+        print(scrub(str(exc)), file=sys.stderr)
+        return 1
     except OSError as exc:  # a full disk: one line naming the file (atomic writes keep the old one)
         if exc.errno not in NO_SPACE:
             raise
@@ -189,21 +200,29 @@ def main(argv: list[str] | None = None) -> int:
 WRITES_REPOSITORY = ("prepare", "warmup", "embed", "label", "fit-predictor", "train", "compare", "all")
 
 
+DVC_STAGE = "DVC_STAGE"  # DVC sets it for every stage command it runs
+
+
 def _workspace(args):
     """The repository's lock (dots.workspace_lock) for a command that writes its artifacts: run by
     hand beside a flow of the same repository (or another such command), it waits instead of
     training into the same run folder at once. The DVC stages a flow runs inherit its hold (they
-    would otherwise wait on their own flow); under torchrun rank 0 holds it for every rank."""
+    would otherwise wait on their own flow); under torchrun rank 0 holds it for every rank.
+
+    A stage of a `dvc repro` run by hand does not wait: DVC holds its read and write locks on the
+    stage's dependencies and outputs while the command runs, so a stage waiting here for a flow made
+    that flow's next stage fail at once ("... is busy, it is being blocked by ... dvc repro")."""
     from contextlib import nullcontext  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
-    from .workspace_lock import exclusive  # noqa: PLC0415
-
     writes = args.command in WRITES_REPOSITORY or (args.command == "evaluate" and args.method)
     if not writes or os.environ.get("RANK", "0") != "0":
-        return nullcontext()
+        return nullcontext(False)
+    from .versioning import held  # noqa: PLC0415
+
     method = getattr(args, "method", None)
-    return exclusive(Path.cwd(), f"dots {args.command}" + (f" --method {method}" if method else ""))
+    return held(Path.cwd(), f"dots {args.command}" + (f" --method {method}" if method else ""),
+                wait=DVC_STAGE not in os.environ)
 
 
 _ONE_VALUE = {"-p", "--params", "-S", "--set", "--variant", "--out", "--dataset"}

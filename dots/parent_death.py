@@ -8,6 +8,10 @@ whatever ran next, and writing run folders under a bench the user believed stopp
 `PR_SET_PDEATHSIG` has the kernel signal a child when its parent dies, however the parent died.
 What a killed seed loses is what an interrupted bench already loses: its runs since their last
 checkpoint (every write is atomic, `dots.atomic`), resumed by the next bench.
+
+The same holds for a flow's DVC stages (`popen_dying_with_this_thread`): a flow SIGKILLed (the OOM
+killer, `kill -9`, a worker's hard stop) left its `dvc repro` and the stage's `dots train` running,
+writing the repository beside the next flow, which its lock (`dots.workspace_lock`) had let in.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import ctypes.util
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
@@ -48,3 +53,18 @@ def pool_dying_with_this_process(max_workers: int = 1) -> ProcessPoolExecutor:
     process pool whose workers die when this process dies (`die_with_parent`)."""
     return ProcessPoolExecutor(max_workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=die_with_parent, initargs=(os.getpid(),))
+
+
+def popen_dying_with_this_thread(argv: list[str], **kwargs) -> subprocess.Popen:
+    """subprocess.Popen(argv, **kwargs), whose process the kernel sends SIGTERM when the calling
+    thread (or this process) dies. The request is made in the child before it execs `argv`, by this
+    module run as a program, not by `preexec_fn`, which is unsafe in a process with threads (a
+    Prefect flow's). The calling thread must wait for the process (`dots.versioning.dvc` does)."""
+    if not sys.platform.startswith("linux"):
+        return subprocess.Popen(argv, **kwargs)
+    return subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid()), *argv], **kwargs)
+
+
+if __name__ == "__main__":  # python -m dots.parent_death PARENT_PID PROGRAM [ARGS...]
+    die_with_parent(int(sys.argv[1]))
+    os.execvp(sys.argv[2], sys.argv[2:])

@@ -9,11 +9,13 @@ DVC's failures into errors that say what to fix.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +24,7 @@ import yaml
 
 from .atomic import atomic_path
 from .config import ConfigError, load_config
+from .parent_death import popen_dying_with_this_thread
 from .progress import say
 from .redact import environ_snapshot, scrub
 
@@ -49,9 +52,11 @@ def dvc(args: list[str], repo: str | Path, env: dict[str, str] | None = None, ti
     the tail of the output. `timeout` (seconds) kills the command and raises
     subprocess.TimeoutExpired, as subprocess.run does.
     """
-    proc = subprocess.Popen([sys.executable, "-m", "dvc", *args], cwd=repo, env=_env(env), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            bufsize=1, errors="replace")
+    # dies with this process however it dies: a flow SIGKILLed mid-stage left dvc and the stage's
+    # `dots` command writing the repository beside the next flow (dots.parent_death)
+    proc = popen_dying_with_this_thread(
+        [sys.executable, "-m", "dvc", *args], cwd=repo, env=_env(env), text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, bufsize=1, errors="replace")
     timed_out = threading.Event()
 
     def kill() -> None:
@@ -113,6 +118,13 @@ def set_params(overrides: list[str] | dict | None, repo: str | Path = ".") -> No
     """
     if not overrides:
         return
+    text = _overridden_text(overrides, repo)
+    with atomic_path(Path(repo) / "params.yaml") as tmp:
+        tmp.write_text(text)
+
+
+def _overridden_text(overrides: list[str] | dict, repo: str | Path) -> str:
+    """params.yaml's text with `overrides` applied (validated; the file is not touched)."""
     path = Path(repo) / "params.yaml"
     cfg = load_config(path, overrides)  # raises ConfigError naming the key; the file is untouched
     if not (Path(repo) / cfg.paths.root).resolve().is_relative_to(Path(repo).resolve()):
@@ -131,8 +143,68 @@ def set_params(overrides: list[str] | dict | None, repo: str | Path = ".") -> No
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         node[parts[-1]] = value
-    with atomic_path(path) as tmp, tmp.open("w") as f:
-        ry.dump(doc, f)
+    out = io.StringIO()
+    ry.dump(doc, out)
+    return out.getvalue()
+
+
+# While a run's overrides are in params.yaml, the user's own file waits here to be put back: a run
+# killed outright (SIGKILL, the OOM killer, a lost machine) never reached its `finally`, and the next
+# run took the overridden file for the user's and put *that* back, for good.
+OVERRIDDEN = ".dots.params-overridden.json"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@contextmanager
+def held(repo: str | Path, what: str, wait: bool = True) -> Iterator[bool]:
+    """The repository's lock (`dots.workspace_lock.exclusive`), with params.yaml as its user left it:
+    the overrides of a run killed before it put the file back are undone first. Yields True: what
+    was read from the repository before (params.yaml) is to be read again."""
+    from .workspace_lock import exclusive  # noqa: PLC0415
+
+    with exclusive(repo, what, wait=wait):
+        restore_params_of_a_killed_run(repo)
+        yield True
+
+
+def restore_params_of_a_killed_run(repo: str | Path = ".", report: Callable[[str], None] = say) -> None:
+    """Put the user's params.yaml back if a run that overrode it died without doing so (its record
+    is there and its process is gone). A file edited since is kept, the user's beside it."""
+    from .workspace_lock import pid_alive  # noqa: PLC0415
+
+    record_path, path = Path(repo) / OVERRIDDEN, Path(repo) / "params.yaml"
+    try:
+        record = json.loads(record_path.read_text())
+    except FileNotFoundError:
+        return
+    except ValueError:  # written atomically, so not ours: say so, leave params.yaml alone
+        report(f"{record_path}: not a record dots wrote; removed, params.yaml left as it is")
+        record_path.unlink()
+        return
+    if pid_alive(int(record["pid"])):  # the run is alive (a flow whose stage this is): its overrides stand
+        return
+    now = path.read_bytes() if path.exists() else None
+    original = None if record["original"] is None else record["original"].encode()
+    run = (f"a run (pid {record['pid']}, since {record['since']}) with overrides "
+           f"{' '.join(record['overrides'])}")
+    if now is not None and _sha256(now) == record["applied_sha256"]:
+        if original is None:
+            path.unlink()
+        else:
+            with atomic_path(path) as tmp:
+                tmp.write_bytes(original)
+        report(f"params.yaml: {run} was stopped before it put the file back; put back as it was before "
+               "that run")
+    elif now != original:
+        keep = path.with_name("params.yaml.before-overrides")
+        if original is not None:
+            keep.write_bytes(original)
+        report(f"params.yaml: {run} was stopped before it put the file back, and the file was edited since; "
+               f"left as it is (the file before that run's overrides: {keep})")
+    record_path.unlink()
 
 
 @contextmanager
@@ -149,9 +221,17 @@ def params_overridden(overrides: list[str] | dict | None, repo: str | Path = "."
         yield
         return
     path = Path(repo) / "params.yaml"
+    restore_params_of_a_killed_run(repo)  # else its overrides would be taken for the user's file
     original = path.read_bytes() if path.exists() else None
-    set_params(overrides, repo)  # validated first: a bad override raises before the file changes
-    applied = path.read_bytes()
+    applied = _overridden_text(overrides, repo).encode()  # validated first: a bad override raises here
+    items = overrides.items() if isinstance(overrides, dict) else (o.split("=", 1) for o in overrides)
+    record = {"pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+              "overrides": [f"{k.strip()}={v}" for k, v in items],
+              "original": None if original is None else original.decode(), "applied_sha256": _sha256(applied)}
+    with atomic_path(Path(repo) / OVERRIDDEN) as tmp:
+        tmp.write_text(json.dumps(record))
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(applied)
     try:
         yield
     finally:
@@ -167,6 +247,7 @@ def params_overridden(overrides: list[str] | dict | None, repo: str | Path = "."
         else:
             with atomic_path(path) as tmp:
                 tmp.write_bytes(original)
+        (Path(repo) / OVERRIDDEN).unlink(missing_ok=True)
 
 
 def lock(repo: str | Path = ".") -> dict:

@@ -34,19 +34,52 @@ from .progress import say
 
 LOCK_NAME = ".dots.lock"
 _CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS)
-# the folders this process (or the holder that started it) holds, for its child processes: a flow's
-# DVC stages run `dots train` and the like, which would otherwise wait on their own flow's lock
+# the folders this process (or the holder that started it) holds, and the holders' pids, for its child
+# processes: a flow's DVC stages run `dots train` and the like, which would otherwise wait on their own
+# flow's lock; as JSON, {"/repo": 1234}
 HELD_ENV = "DOTS_WORKSPACE_HELD"
 _held: dict[Path, int] = {}  # folder -> depth: a flow calling a flow in one process does not wait on itself
 
 
-def _inherited() -> set[Path]:
-    return {Path(p) for p in os.environ.get(HELD_ENV, "").split(os.pathsep) if p}
+class HolderGone(RuntimeError):
+    """This process was started under a hold (a flow's stage) whose holder has died."""
+
+
+def _inherited() -> dict[Path, int]:
+    try:
+        held = json.loads(os.environ.get(HELD_ENV) or "{}")
+        return {Path(folder): int(pid) for folder, pid in held.items()}
+    except (ValueError, TypeError, AttributeError):  # not ours to read (set by hand): hold nothing
+        return {}
 
 
 def _publish() -> None:
-    folders = sorted(str(p) for p in _inherited() | set(_held))
-    os.environ[HELD_ENV] = os.pathsep.join(folders)
+    held = {str(folder): pid for folder, pid in _inherited().items()}
+    held.update({str(folder): os.getpid() for folder in _held})
+    os.environ[HELD_ENV] = json.dumps(held, sort_keys=True)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def _work_under_inherited_hold(folder: Path, holder_pid: int, what: str) -> None:
+    """A holder's stage (`dots train` under a flow's `dvc repro`) lives no longer than what started
+    it: the kernel stops it when its parent dies (the flow's dvc, itself stopped with the flow,
+    `dots.parent_death`), and a holder already gone stops it now. Else a flow SIGKILLed mid-stage
+    left its stage writing the repository beside the next flow, which the lock had let in."""
+    if holder_pid != os.getpid() and not pid_alive(holder_pid):
+        raise HolderGone(f"{what}: the run that started it (pid {holder_pid}) held {folder} and has ended; "
+                         "not writing there without it. Start the run again")
+    from .parent_death import die_with_parent  # noqa: PLC0415
+
+    die_with_parent(os.getppid())
 
 
 def holder(folder: str | Path) -> dict | None:
@@ -57,6 +90,10 @@ def holder(folder: str | Path) -> dict | None:
         return None
 
 
+class WorkspaceBusy(RuntimeError):
+    """Another run holds the workspace, and this one was asked not to wait (a DVC stage's command)."""
+
+
 def describe(who: dict | None) -> str:
     if not who:
         return "another run (it has not said which yet)"
@@ -65,11 +102,16 @@ def describe(who: dict | None) -> str:
 
 
 @contextmanager
-def exclusive(folder: str | Path, what: str, report: Callable[[str], None] = say) -> Iterator[None]:
+def exclusive(folder: str | Path, what: str, report: Callable[[str], None] = say,
+              wait: bool = True) -> Iterator[None]:
     """Hold `folder`'s lock for the body, waiting (and saying for whom) while another run holds it.
-    Ctrl-C while waiting stops this run and leaves the other one alone."""
+    Ctrl-C while waiting stops this run and leaves the other one alone. With `wait=False` a held
+    folder raises WorkspaceBusy at once, naming the holder."""
     folder = Path(folder).resolve()
-    if folder in _held or folder in _inherited():  # held by this process, or by the run that started it
+    inherited = _inherited()
+    if folder in _held or folder in inherited:  # held by this process, or by the run that started it
+        if folder not in _held:
+            _work_under_inherited_hold(folder, inherited[folder], what)
         _held[folder] = _held.get(folder, 0) + 1
         try:
             yield
@@ -92,6 +134,8 @@ def exclusive(folder: str | Path, what: str, report: Callable[[str], None] = say
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            if not wait:
+                raise WorkspaceBusy(f"{what}: {describe(holder(folder))} is writing {folder}") from None
             report(f"{what}: waiting for {describe(holder(folder))} to finish with {folder} "
                    "(one run writes a workspace at a time; Ctrl-C stops this one only)")
             start = time.monotonic()

@@ -17,7 +17,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from dots import versioning, workspace_lock
+from dots import versioning
 from dots.config import load_config
 from tasks import stages
 
@@ -29,8 +29,9 @@ def run_env() -> dict[str, str]:
 
 def workspace(repo: str, flow_name: str):
     """This flow run's hold on the repository: overlapping deployments (a cron and a trigger) take
-    turns instead of one failing on DVC's lock or running on the other's overrides."""
-    return workspace_lock.exclusive(repo, f"Prefect flow run {flow_run.get_name() or 'local'} of {flow_name}")
+    turns instead of one failing on DVC's lock or running on the other's overrides; the overrides a
+    killed flow left in params.yaml are undone before this one reads it."""
+    return versioning.held(repo, f"Prefect flow run {flow_run.get_name() or 'local'} of {flow_name}")
 
 
 def prepare_models(repo: str, env: dict, remote: str | None = None) -> str:

@@ -34,6 +34,13 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_pool_worker_dies_when_its_parent_is_killed(sig):
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
@@ -43,10 +50,7 @@ def test_a_pool_worker_dies_when_its_parent_is_killed(sig):
         assert _alive(child) and child != parent.pid
         parent.send_signal(sig)
         assert parent.wait(timeout=30) == -sig
-        deadline = time.monotonic() + 30
-        while _alive(child) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(child), "the pool worker outlived the process that spawned it"
+        assert gone_within(child, 30), "the pool worker outlived the process that spawned it"
     finally:
         parent.kill()
         parent.wait()
@@ -63,3 +67,35 @@ def test_a_child_whose_parent_is_already_gone_exits_at_once():
     kept = subprocess.run([sys.executable, "-c", "import os\nfrom dots.parent_death import die_with_parent\n"
                            "print(die_with_parent(os.getppid()))"], capture_output=True, text=True, timeout=60)
     assert kept.returncode == 0 and kept.stdout.strip() == "True"
+
+
+# a flow's shape: a Prefect task thread runs `dvc` (versioning.dvc) and waits for it
+RUNNER = """
+import sys, threading
+from dots.parent_death import popen_dying_with_this_thread
+def task():
+    proc = popen_dying_with_this_thread(
+        [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(120)"])
+    proc.wait()
+worker = threading.Thread(target=task)
+worker.start()
+worker.join()
+"""
+
+
+def test_a_process_started_from_a_flows_task_thread_dies_when_the_flow_is_killed():
+    """A flow SIGKILLed mid-stage left its `dvc repro` (and the stage under it) running."""
+    parent = subprocess.Popen([sys.executable, "-c", RUNNER], stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        child = int(parent.stdout.readline())
+        assert _alive(child) and child != parent.pid
+        assert Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[1] == b"-c"  # the program itself ran
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        assert gone_within(child, 30), "the process outlived the flow that started it"
+    finally:
+        parent.kill()
+        parent.wait()
+        if child is not None and _alive(child):
+            os.kill(child, signal.SIGKILL)

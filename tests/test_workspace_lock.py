@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dots import workspace_lock
+from dots import versioning, workspace_lock
 from dots.workspace_lock import exclusive, holder
 
 from .conftest import REPO
+from .test_parent_death import _alive, gone_within
 
 PARAMS = "train:\n  steps: 300  # the user's own comment\n"
 
@@ -258,3 +259,146 @@ def test_a_folder_it_cannot_write_runs_the_command_unserialized(tmp_path, monkey
     with pytest.raises(OSError, match="I/O error"):  # any other failure is not taken for a read-only folder
         with exclusive(tmp_path, "dots train", report=said.append):
             pass
+
+
+def test_a_dvc_stage_run_by_hand_beside_a_flow_fails_at_once_naming_it(tmp_path, monkeypatch, capsys):
+    """A `dvc repro` run by hand beside a flow: its stage's command waiting for the flow kept DVC's
+    locks on the stage's files, and the flow's next stage failed on them ("is busy"). It stops at
+    once instead, exit 1, naming the flow; the flow is left alone and the body never runs."""
+    from dots import cli, stages
+
+    monkeypatch.setattr(stages, "prepare", lambda *a: pytest.fail("ran beside the flow"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(cli.DVC_STAGE, "prepare")
+    (tmp_path / "params.yaml").write_text("tracking:\n  enabled: false\n")
+    other = _start(HOLDER, tmp_path, "Prefect flow run brave-otter of dots-train", 30)
+    try:
+        assert cli.main(["prepare"]) == 1
+        assert other.poll() is None and holder(tmp_path)["pid"] == other.pid  # the flow holds on
+    finally:
+        other.kill()
+        other.wait()
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"dots prepare: Prefect flow run brave-otter of dots-train (pid {other.pid} on ")
+    assert f"is writing {tmp_path.resolve()}; as DVC's stage prepare this command does not wait" in err
+    assert err.endswith("Run `dvc repro` again when it has finished") and "\n" not in err
+    # with the flow gone the same stage takes the workspace as any command does
+    monkeypatch.setattr(stages, "prepare", lambda *a: None)
+    assert cli.main(["prepare"]) == 0
+
+
+# a flow in miniature: it holds the repo, and its task thread runs a dvc-like process (here a python
+# that runs the stage as DVC does, a plain subprocess) whose stage works under the inherited hold
+FLOW = textwrap.dedent("""
+    import sys, threading
+    from dots.parent_death import popen_dying_with_this_thread
+    from dots.workspace_lock import exclusive
+    folder = sys.argv[1]
+    STAGE = ("import os, sys, time\\nfrom dots.workspace_lock import exclusive\\n"
+             "with exclusive(sys.argv[1], 'dots train'):\\n"
+             "    print(os.getpid(), flush=True)\\n    time.sleep(120)")
+    DVC = "import subprocess, sys\\nsubprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2]])"
+    with exclusive(folder, "Prefect flow run doomed of dots-train"):
+        print("held", flush=True)
+        task = threading.Thread(target=lambda: popen_dying_with_this_thread(
+            [sys.executable, "-c", DVC, STAGE, folder]).wait())
+        task.start()
+        task.join()
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_flows_stage_dies_with_the_flow_however_it_dies(tmp_path):
+    """A flow SIGKILLed mid-stage released the repository, but its dvc and the stage's `dots train`
+    ran on under the hold they had inherited, writing beside the next flow the lock let in."""
+    flow = _start(FLOW, tmp_path)
+    stage = int(flow.stdout.readline())
+    try:
+        assert _alive(stage) and holder(tmp_path)["pid"] == flow.pid
+        flow.send_signal(signal.SIGKILL)
+        flow.wait(timeout=30)
+        assert gone_within(stage, 30), "the stage outlived its flow"
+    finally:
+        if _alive(stage):
+            os.kill(stage, signal.SIGKILL)
+
+
+def test_a_stage_whose_flow_has_already_died_does_not_start(tmp_path, monkeypatch, capsys):
+    """The kernel's request covers deaths still to come: a stage started after its flow died (the
+    hold it inherited names a pid that is gone) stops before writing anything."""
+    from dots import cli, stages
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    monkeypatch.setenv(workspace_lock.HELD_ENV, json.dumps({str(tmp_path.resolve()): gone.pid}))
+    monkeypatch.setattr(stages, "train", lambda *a, **k: pytest.fail("trained without its flow"))
+    monkeypatch.setattr(cli, "_require_environment", lambda *a: None)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("tracking:\n  enabled: false\n")
+    assert cli.main(["train", "--method", "grpo"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"dots train --method grpo: the run that started it (pid {gone.pid}) held {tmp_path.resolve()} and "
+        "has ended; not writing there without it. Start the run again")
+
+
+def test_a_killed_runs_overrides_are_undone_by_the_next_run(tmp_path):
+    """A flow with overrides SIGKILLed (the OOM killer, `kill -9`) never put params.yaml back, and
+    the next flow with overrides took the dead one's file for the user's and restored *that*: the
+    user's params.yaml kept `train.steps: 333` for good (seen in a clone with real Prefect flows)."""
+    params = tmp_path / "params.yaml"
+    params.write_text(PARAMS)
+    killed = _start(OVERRIDDEN_RUN, tmp_path, 333, 600)
+    killed.kill()
+    killed.wait()
+    assert yaml.safe_load(params.read_text())["train"]["steps"] == 333  # what the kill leaves
+    nxt = subprocess.run([sys.executable, "-c", OVERRIDDEN_RUN, str(tmp_path), "40", "0"], capture_output=True,
+                         text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    said, held, saw = nxt.stdout.splitlines()
+    assert said.startswith(f"params.yaml: a run (pid {killed.pid}, since ") and "train.steps=333" in said
+    assert held == "held" and saw == "saw 40 40"
+    assert params.read_text() == PARAMS  # the user's, byte for byte
+    assert not (tmp_path / versioning.OVERRIDDEN).exists()
+
+
+def test_a_command_by_hand_after_a_killed_flow_runs_on_the_users_params(tmp_path, monkeypatch, capsys):
+    """Not only the next flow: any command that takes the workspace undoes a dead run's overrides
+    first, and says so; a file edited since is left as the user made it."""
+    from dots import cli, stages
+
+    seen = []
+    monkeypatch.setattr(stages, "prepare", lambda cfg: seen.append(cfg.train.steps))
+    monkeypatch.chdir(tmp_path)
+    params = tmp_path / "params.yaml"
+    params.write_text(PARAMS)
+    killed = _start(OVERRIDDEN_RUN, tmp_path, 333, 600)
+    killed.kill()
+    killed.wait()
+    assert cli.main(["prepare"]) == 0
+    assert params.read_text() == PARAMS and seen == [300]
+    out = capsys.readouterr().out
+    assert f"params.yaml: a run (pid {killed.pid}, since " in out
+    assert "with overrides train.steps=333 was stopped before it put the file back; put back as it was" in out
+    # killed again, and the user edits the file before the next command: theirs stands
+    killed = _start(OVERRIDDEN_RUN, tmp_path, 333, 600)
+    killed.kill()
+    killed.wait()
+    params.write_text(PARAMS.replace("300", "350"))
+    assert cli.main(["prepare"]) == 0
+    assert params.read_text() == PARAMS.replace("300", "350") and seen == [300, 350]
+    assert (tmp_path / "params.yaml.before-overrides").read_text() == PARAMS
+    assert "and the file was edited since; left as it is" in capsys.readouterr().out
+
+
+def test_a_command_that_waited_for_a_flow_runs_on_the_users_params_not_the_flows(tmp_path, monkeypatch):
+    """Started while a flow's overrides were in params.yaml, `dots train` read them, waited for the
+    flow, and then trained the user's run with the flow's `train.steps`."""
+    from dots import cli, stages
+
+    seen = []
+    monkeypatch.setattr(stages, "prepare", lambda cfg: seen.append(cfg.train.steps))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(PARAMS)
+    flow = _start(OVERRIDDEN_RUN, tmp_path, 40, 1.5)
+    assert cli.main(["prepare"]) == 0
+    assert flow.communicate(timeout=60)[0].split() == ["saw", "40", "40"]
+    assert seen == [300]
