@@ -745,11 +745,6 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any] |
                 raise ConfigError(f"override {text!r}: expected key=value, e.g. train.method=grpo")
             key, value = text.split("=", 1)
             items.append((key.strip(), yaml.safe_load(value)))
-    given: dict[str, Any] = {}
-    for key, value in items:  # `-S k=1 ... -S k=2` (a flag pasted twice) would silently take the last
-        if key in given and given[key] != value:
-            raise ConfigError(f"{key}: overridden twice, with {given[key]!r} and {value!r}; give it once")
-        given[key] = value
     for key, value in items:
         parts = key.split(".")
         node = raw

@@ -283,9 +283,3 @@ def test_every_method_has_one_row_of_traits_and_the_bench_follows_it():
         assert ("replay" in unused) is not traits.replays, method
         assert {p for p in bench.PEERS if p not in unused} == ({traits.filters} if traits.filters else set()), method
     assert TRAITS["dots_rr"].selects and TRAITS["dots_rr"].replays and TRAITS["greso_rr"].filters == "greso"
-
-
-def test_a_key_overridden_twice_with_two_values_is_refused():
-    """`-S train.steps=20 ... -S train.steps=40` took the last, silently; the same value twice is fine."""
-    refused(["train.steps=20", "eval.every=10", "train.steps=40"], "train.steps", "overridden twice", "20", "40")
-    assert load_config(None, ["train.steps=20", "train.steps=20"]).train.steps == 20
