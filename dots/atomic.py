@@ -32,7 +32,7 @@ def free_bytes(folder: Path) -> int:
     return shutil.disk_usage(folder).free
 
 
-def _out_of_space(exc: BaseException, folder: Path) -> bool:
+def out_of_space(exc: BaseException, folder: Path) -> bool:
     """Whether a failed write ran out of space: the OS said so, or a library that hides the OS's
     error (torch.save's zip writer raises RuntimeError) failed with under FULL_BELOW bytes left."""
     if isinstance(exc, OSError) and exc.errno in NO_SPACE:
@@ -51,7 +51,8 @@ def _disk_full(path: Path, tmp: Path) -> DiskFull:
                     "paths.root elsewhere) and run the same command again")
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (another user's included)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -66,7 +67,8 @@ def _drop_orphans(path: Path) -> None:
     prefix = f".{path.name}."
     for old in path.parent.iterdir():
         pid = old.name[len(prefix):-len(".tmp")]
-        if old.name.startswith(prefix) and old.name.endswith(".tmp") and pid.isdigit() and not _alive(int(pid)):
+        if (old.name.startswith(prefix) and old.name.endswith(".tmp") and pid.isdigit()
+                and not pid_alive(int(pid))):
             old.unlink(missing_ok=True)
 
 
@@ -99,7 +101,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         finally:
             os.close(dir_fd)
     except (OSError, RuntimeError) as exc:
-        if not isinstance(exc, DiskFull) and _out_of_space(exc, path.parent):
+        if not isinstance(exc, DiskFull) and out_of_space(exc, path.parent):
             raise _disk_full(path, tmp) from exc
         raise
     finally:

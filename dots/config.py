@@ -774,12 +774,20 @@ def params_file(named: str | Path | None, default: str = "params.yaml") -> str |
     """The params file a command reads: the one named (`-p`, a flow's `params`), which must exist,
     or ./params.yaml when there is one, else None (every default). `load_config` reads a missing
     path as all defaults, so `dots all -p configs/profile.yml` with a typo trained the embedded
-    default in the profile's place, over the default paths.root."""
+    default in the profile's place, over the default paths.root. While a flow's overrides are in
+    a params.yaml, a process outside that flow reads the user's own file (`dots.params_record`)."""
     if named is None:
-        return default if Path(default).is_file() else None
-    if not Path(named).is_file():
+        chosen = default if Path(default).is_file() else None
+    elif not Path(named).is_file():
         raise ConfigError(f"{named}: no such params file")
-    return str(named)
+    else:
+        chosen = str(named)
+    if chosen is None:
+        return None
+    from .params_record import users_params  # noqa: PLC0415
+    from .progress import say  # noqa: PLC0415
+
+    return users_params(chosen, say)  # not a running flow's overrides, unless this is that flow's stage
 
 
 def load_config(path: str | Path | None = "params.yaml",

@@ -15,13 +15,13 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
+from . import params_record
 from .atomic import atomic_path
 from .config import ConfigError, load_config
 from .parent_death import popen_dying_with_this_thread
@@ -148,16 +148,6 @@ def _overridden_text(overrides: list[str] | dict, repo: str | Path) -> str:
     return out.getvalue()
 
 
-# While a run's overrides are in params.yaml, the user's own file waits here to be put back: a run
-# killed outright (SIGKILL, the OOM killer, a lost machine) never reached its `finally`, and the next
-# run took the overridden file for the user's and put *that* back, for good.
-OVERRIDDEN = ".dots.params-overridden.json"
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 @contextmanager
 def held(repo: str | Path, what: str, wait: bool = True) -> Iterator[bool]:
     """The repository's lock (`dots.workspace_lock.exclusive`), with params.yaml as its user left it:
@@ -166,45 +156,8 @@ def held(repo: str | Path, what: str, wait: bool = True) -> Iterator[bool]:
     from .workspace_lock import exclusive  # noqa: PLC0415
 
     with exclusive(repo, what, wait=wait):
-        restore_params_of_a_killed_run(repo)
+        params_record.restore_if_killed(repo, say)
         yield True
-
-
-def restore_params_of_a_killed_run(repo: str | Path = ".", report: Callable[[str], None] = say) -> None:
-    """Put the user's params.yaml back if a run that overrode it died without doing so (its record
-    is there and its process is gone). A file edited since is kept, the user's beside it."""
-    from .workspace_lock import pid_alive  # noqa: PLC0415
-
-    record_path, path = Path(repo) / OVERRIDDEN, Path(repo) / "params.yaml"
-    try:
-        record = json.loads(record_path.read_text())
-    except FileNotFoundError:
-        return
-    except ValueError:  # written atomically, so not ours: say so, leave params.yaml alone
-        report(f"{record_path}: not a record dots wrote; removed, params.yaml left as it is")
-        record_path.unlink()
-        return
-    if pid_alive(int(record["pid"])):  # the run is alive (a flow whose stage this is): its overrides stand
-        return
-    now = path.read_bytes() if path.exists() else None
-    original = None if record["original"] is None else record["original"].encode()
-    run = (f"a run (pid {record['pid']}, since {record['since']}) with overrides "
-           f"{' '.join(record['overrides'])}")
-    if now is not None and _sha256(now) == record["applied_sha256"]:
-        if original is None:
-            path.unlink()
-        else:
-            with atomic_path(path) as tmp:
-                tmp.write_bytes(original)
-        report(f"params.yaml: {run} was stopped before it put the file back; put back as it was before "
-               "that run")
-    elif now != original:
-        keep = path.with_name("params.yaml.before-overrides")
-        if original is not None:
-            keep.write_bytes(original)
-        report(f"params.yaml: {run} was stopped before it put the file back, and the file was edited since; "
-               f"left as it is (the file before that run's overrides: {keep})")
-    record_path.unlink()
 
 
 @contextmanager
@@ -221,15 +174,11 @@ def params_overridden(overrides: list[str] | dict | None, repo: str | Path = "."
         yield
         return
     path = Path(repo) / "params.yaml"
-    restore_params_of_a_killed_run(repo)  # else its overrides would be taken for the user's file
+    params_record.restore_if_killed(repo, say)  # else a dead run's overrides would pass for the user's file
     original = path.read_bytes() if path.exists() else None
     applied = _overridden_text(overrides, repo).encode()  # validated first: a bad override raises here
     items = overrides.items() if isinstance(overrides, dict) else (o.split("=", 1) for o in overrides)
-    record = {"pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-              "overrides": [f"{k.strip()}={v}" for k, v in items],
-              "original": None if original is None else original.decode(), "applied_sha256": _sha256(applied)}
-    with atomic_path(Path(repo) / OVERRIDDEN) as tmp:
-        tmp.write_text(json.dumps(record))
+    params_record.write(repo, [f"{k.strip()}={v}" for k, v in items], original, applied)
     with atomic_path(path) as tmp:
         tmp.write_bytes(applied)
     try:
@@ -247,7 +196,7 @@ def params_overridden(overrides: list[str] | dict | None, repo: str | Path = "."
         else:
             with atomic_path(path) as tmp:
                 tmp.write_bytes(original)
-        (Path(repo) / OVERRIDDEN).unlink(missing_ok=True)
+        params_record.clear(repo)
 
 
 def lock(repo: str | Path = ".") -> dict:

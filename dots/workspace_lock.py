@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .atomic import pid_alive
 from .progress import say
 
 LOCK_NAME = ".dots.lock"
@@ -45,7 +46,8 @@ class HolderGone(RuntimeError):
     """This process was started under a hold (a flow's stage) whose holder has died."""
 
 
-def _inherited() -> dict[Path, int]:
+def inherited_holders() -> dict[Path, int]:
+    """The folders the run that started this process holds, and its pid."""
     try:
         held = json.loads(os.environ.get(HELD_ENV) or "{}")
         return {Path(folder): int(pid) for folder, pid in held.items()}
@@ -54,19 +56,9 @@ def _inherited() -> dict[Path, int]:
 
 
 def _publish() -> None:
-    held = {str(folder): pid for folder, pid in _inherited().items()}
+    held = {str(folder): pid for folder, pid in inherited_holders().items()}
     held.update({str(folder): os.getpid() for folder in _held})
     os.environ[HELD_ENV] = json.dumps(held, sort_keys=True)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
 
 
 def _work_under_inherited_hold(folder: Path, holder_pid: int, what: str) -> None:
@@ -108,7 +100,7 @@ def exclusive(folder: str | Path, what: str, report: Callable[[str], None] = say
     Ctrl-C while waiting stops this run and leaves the other one alone. With `wait=False` a held
     folder raises WorkspaceBusy at once, naming the holder."""
     folder = Path(folder).resolve()
-    inherited = _inherited()
+    inherited = inherited_holders()
     if folder in _held or folder in inherited:  # held by this process, or by the run that started it
         if folder not in _held:
             _work_under_inherited_hold(folder, inherited[folder], what)

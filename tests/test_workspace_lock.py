@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dots import versioning, workspace_lock
+from dots import params_record, workspace_lock
 from dots.workspace_lock import exclusive, holder
 
 from .conftest import REPO
@@ -357,7 +357,7 @@ def test_a_killed_runs_overrides_are_undone_by_the_next_run(tmp_path):
     assert said.startswith(f"params.yaml: a run (pid {killed.pid}, since ") and "train.steps=333" in said
     assert held == "held" and saw == "saw 40 40"
     assert params.read_text() == PARAMS  # the user's, byte for byte
-    assert not (tmp_path / versioning.OVERRIDDEN).exists()
+    assert not (tmp_path / params_record.RECORD).exists()
 
 
 def test_a_command_by_hand_after_a_killed_flow_runs_on_the_users_params(tmp_path, monkeypatch, capsys):
@@ -402,3 +402,27 @@ def test_a_command_that_waited_for_a_flow_runs_on_the_users_params_not_the_flows
     assert cli.main(["prepare"]) == 0
     assert flow.communicate(timeout=60)[0].split() == ["saw", "40", "40"]
     assert seen == [300]
+
+
+def test_a_command_outside_a_running_flow_reads_the_users_params_not_the_flows(tmp_path, monkeypatch, capsys):
+    """`make bench` or `dots plan` started while a nightly variant's overrides were in params.yaml
+    read the variant for the user's params (a bench would bench the variant). They read the user's
+    own file, saying so; the flow's stages (which inherit its hold) read the overridden one."""
+    from dots.config import load_config, params_file
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(PARAMS)
+    flow = _start(OVERRIDDEN_RUN, tmp_path, 40, 600)
+    try:
+        assert load_config("params.yaml").train.steps == 40  # the flow's variant is in the file
+        assert load_config(params_file(None)).train.steps == 300
+        said = capsys.readouterr().out
+        assert f"params.yaml: holds the overrides of a run (pid {flow.pid}, since " in said
+        assert "with overrides train.steps=40, which is running; reading your own file" in said
+        monkeypatch.setenv(workspace_lock.HELD_ENV, json.dumps({str(tmp_path.resolve()): flow.pid}))
+        assert load_config(params_file(None)).train.steps == 40  # the flow's own stage
+    finally:
+        flow.kill()
+        flow.wait()
+    monkeypatch.delenv(workspace_lock.HELD_ENV)
+    assert load_config(params_file(None)).train.steps == 40  # a dead run's record: the next holder restores
