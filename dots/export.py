@@ -9,11 +9,13 @@ registry tell a retried upload of the same weights from a newly trained model.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import shutil
 from pathlib import Path
 
+from .atomic import DiskFull, free_bytes, out_of_space
 from .models import save_policy
 
 INFO = "dots.json"
@@ -40,9 +42,22 @@ def write_model_folder(model, tokenizer, path: str | Path, state_dict: dict | No
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_policy(model, tokenizer, tmp, state_dict)
-    meta = {**(info or {}), "weights_sha256": weights_digest(tmp)}
-    (tmp / INFO).write_text(json.dumps(meta, indent=1) + "\n")
+    try:
+        save_policy(model, tokenizer, tmp, state_dict)
+        meta = {**(info or {}), "weights_sha256": weights_digest(tmp)}
+        (tmp / INFO).write_text(json.dumps(meta, indent=1) + "\n")
+    except Exception as exc:  # safetensors' own error type is neither OSError nor RuntimeError
+        full = out_of_space(exc, path.parent)
+        written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file()) if tmp.exists() else 0
+        shutil.rmtree(tmp, ignore_errors=True)  # a torn model folder is never left to be read
+        if not full:
+            raise
+        kept = f"the previous {path.name} folder is kept" if path.exists() else "none is left in its place"
+        mib = written / 2**20, free_bytes(path.parent) / 2**20
+        raise DiskFull(errno.ENOSPC, f"{path}: its disk filled while the model was saved ({mib[0]:.1f} MiB "
+                       f"written, {mib[1]:.1f} MiB left once that was removed): {kept}. Free space (or point "
+                       "paths.root elsewhere) and run the same command again (training resumes from its last "
+                       "checkpoint)") from exc
     old = path.with_name(f".{path.name}.old")
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():

@@ -136,3 +136,37 @@ def test_the_cli_says_a_full_disk_in_one_line(tmp_path, monkeypatch, capsys, err
     monkeypatch.setattr(stages, "train", lambda *a, **k: (_ for _ in ()).throw(PermissionError(13, "denied")))
     with pytest.raises(PermissionError):  # any other OSError is not called a full disk
         cli.main(argv)
+
+
+class _SafetensorError(Exception):
+    """safetensors' own error: neither an OSError nor a RuntimeError."""
+
+
+def _save_policy_that_fills_the_disk(model, tokenizer, folder, state_dict=None):
+    Path(folder).mkdir(parents=True)
+    (Path(folder) / "model.safetensors").write_bytes(b"x" * 4096)  # part of it reached the disk
+    raise _SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })")
+
+
+@pytest.mark.parametrize("free, raised", [(0, DiskFull), (10 * atomic.FULL_BELOW, _SafetensorError)])
+def test_an_export_that_fills_the_disk_keeps_the_previous_model_folder(tmp_path, monkeypatch, free, raised):
+    """The final policy's save_pretrained failing for want of space was safetensors' error in a
+    traceback, after the whole run; now one line, the previous folder kept and no torn one left.
+    With room on the disk the library's error stays itself."""
+    from dots import export
+
+    model = tmp_path / "runs" / "grpo" / "model"
+    model.mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"the previous weights")
+    monkeypatch.setattr(export, "save_policy", _save_policy_that_fills_the_disk)
+    monkeypatch.setattr(atomic, "free_bytes", lambda folder: free)
+    monkeypatch.setattr(export, "free_bytes", lambda folder: free)
+    with pytest.raises(raised) as exc:
+        export.write_model_folder(None, None, model, info={"method": "grpo"})
+    if raised is DiskFull:
+        assert exc.value.strerror == (f"{model}: its disk filled while the model was saved (0.0 MiB written, 0.0 "
+                                      "MiB left once that was removed): the previous model folder is kept. Free "
+                                      "space (or point paths.root elsewhere) and run the same command again "
+                                      "(training resumes from its last checkpoint)")
+    assert [p.name for p in model.parent.iterdir()] == ["model"]  # no temporary folder left behind
+    assert (model / "model.safetensors").read_bytes() == b"the previous weights"
