@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .atomic import atomic_path, pid_alive
+from .atomic import atomic_path, pid_alive, process_started
 
 RECORD = ".dots.params-overridden.json"
 USERS = ".dots.params-user.yaml"
@@ -40,7 +40,8 @@ def write(repo: str | Path, overrides: list[str], original: bytes | None, applie
     if original is not None:
         with atomic_path(repo / USERS) as tmp:
             tmp.write_bytes(original)
-    record = {"pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "overrides": overrides,
+    record = {"pid": os.getpid(), "started": process_started(os.getpid()),
+              "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "overrides": overrides,
               "had_params": original is not None, "applied_sha256": sha256(applied)}
     with atomic_path(repo / RECORD) as tmp:
         tmp.write_text(json.dumps(record))
@@ -64,6 +65,12 @@ def _read(repo: Path, report: Callable[[str], None] | None) -> dict | None:
         return None
 
 
+def _running(record: dict) -> bool:
+    """The run that wrote the record is still running (its pid, and that pid's start time: a pid
+    reused by a later process after the run was killed is not the run)."""
+    return pid_alive(int(record["pid"]), record.get("started"))
+
+
 def _describe(record: dict) -> str:
     return (f"a run (pid {record['pid']}, since {record['since']}) with overrides "
             f"{' '.join(record['overrides'])}")
@@ -74,7 +81,7 @@ def restore_if_killed(repo: str | Path, report: Callable[[str], None]) -> None:
     is there, its process gone). A file edited since is kept, the user's left beside it."""
     repo = Path(repo)
     record = _read(repo, report)
-    if record is None or pid_alive(int(record["pid"])):  # alive: its overrides stand until it ends
+    if record is None or _running(record):  # its overrides stand until it ends
         return
     path = repo / PARAMS
     now = path.read_bytes() if path.exists() else None
@@ -105,9 +112,10 @@ def users_params(path: str | Path, report: Callable[[str], None]) -> str | None:
     if path.name != PARAMS:
         return str(path)
     record = _read(path.parent, None)
-    if record is None or not pid_alive(int(record["pid"])):
+    if record is None or not _running(record):
         return str(path)
-    if int(record["pid"]) in {os.getpid(), *inherited_holders().values()}:  # the run itself, or its stage
+    holders = {os.getpid(), *(pid for pid, _ in inherited_holders().values())}
+    if int(record["pid"]) in holders:  # the run itself, or a stage it started
         return str(path)
     if not path.exists() or sha256(path.read_bytes()) != record["applied_sha256"]:
         return str(path)  # edited during the run: the user's edit is what they mean

@@ -30,14 +30,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .atomic import pid_alive
+from .atomic import pid_alive, process_started
 from .progress import say
 
 LOCK_NAME = ".dots.lock"
 _CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS)
 # the folders this process (or the holder that started it) holds, and the holders' pids, for its child
 # processes: a flow's DVC stages run `dots train` and the like, which would otherwise wait on their own
-# flow's lock; as JSON, {"/repo": 1234}
+# flow's lock; as JSON, {"/repo": [1234, <its start time>]}
 HELD_ENV = "DOTS_WORKSPACE_HELD"
 _held: dict[Path, int] = {}  # folder -> depth: a flow calling a flow in one process does not wait on itself
 
@@ -46,27 +46,30 @@ class HolderGone(RuntimeError):
     """This process was started under a hold (a flow's stage) whose holder has died."""
 
 
-def inherited_holders() -> dict[Path, int]:
-    """The folders the run that started this process holds, and its pid."""
+def inherited_holders() -> dict[Path, tuple[int, float | None]]:
+    """The folders the run that started this process holds, and that run's pid and start time."""
     try:
         held = json.loads(os.environ.get(HELD_ENV) or "{}")
-        return {Path(folder): int(pid) for folder, pid in held.items()}
-    except (ValueError, TypeError, AttributeError):  # not ours to read (set by hand): hold nothing
+        return {Path(folder): (int(who[0]), who[1]) if isinstance(who, list) else (int(who), None)
+                for folder, who in held.items()}
+    except (ValueError, TypeError, AttributeError, IndexError):  # not ours (set by hand): hold nothing
         return {}
 
 
 def _publish() -> None:
-    held = {str(folder): pid for folder, pid in inherited_holders().items()}
-    held.update({str(folder): os.getpid() for folder in _held})
+    held = {str(folder): list(who) for folder, who in inherited_holders().items()}
+    me = [os.getpid(), process_started(os.getpid())]
+    held.update({str(folder): me for folder in _held})
     os.environ[HELD_ENV] = json.dumps(held, sort_keys=True)
 
 
-def _work_under_inherited_hold(folder: Path, holder_pid: int, what: str) -> None:
+def _work_under_inherited_hold(folder: Path, holder: tuple[int, float | None], what: str) -> None:
     """A holder's stage (`dots train` under a flow's `dvc repro`) lives no longer than what started
     it: the kernel stops it when its parent dies (the flow's dvc, itself stopped with the flow,
     `dots.parent_death`), and a holder already gone stops it now. Else a flow SIGKILLed mid-stage
     left its stage writing the repository beside the next flow, which the lock had let in."""
-    if holder_pid != os.getpid() and not pid_alive(holder_pid):
+    holder_pid, started = holder
+    if holder_pid != os.getpid() and not pid_alive(holder_pid, started):
         raise HolderGone(f"{what}: the run that started it (pid {holder_pid}) held {folder} and has ended; "
                          "not writing there without it. Start the run again")
     from .parent_death import die_with_parent  # noqa: PLC0415

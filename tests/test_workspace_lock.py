@@ -426,3 +426,25 @@ def test_a_command_outside_a_running_flow_reads_the_users_params_not_the_flows(t
         flow.wait()
     monkeypatch.delenv(workspace_lock.HELD_ENV)
     assert load_config(params_file(None)).train.steps == 40  # a dead run's record: the next holder restores
+
+
+def test_a_pid_reused_by_a_later_process_is_not_the_run_that_held_it(tmp_path):
+    """Liveness is the pid and its start time: a run killed whose pid another process now has is
+    dead, and its overrides are put back (by pid alone it looked alive, and they stayed)."""
+    from dots.atomic import pid_alive, process_started
+
+    me = os.getpid()
+    assert pid_alive(me, process_started(me)) and not pid_alive(me, process_started(me) - 60)
+    params = tmp_path / "params.yaml"
+    params.write_text(PARAMS)
+    applied = PARAMS.replace("300", "333").encode()
+    params_record.write(tmp_path, ["train.steps=333"], PARAMS.encode(), applied)
+    params.write_bytes(applied)
+    record = json.loads((tmp_path / params_record.RECORD).read_text())
+    record["started"] -= 60  # the run that wrote it started a minute before this pid's process did
+    (tmp_path / params_record.RECORD).write_text(json.dumps(record))
+    said = []
+    params_record.restore_if_killed(tmp_path, said.append)
+    assert params.read_text() == PARAMS and len(said) == 1
+    assert "was stopped before it put the file back" in said[0]
+    assert not (tmp_path / params_record.RECORD).exists() and not (tmp_path / params_record.USERS).exists()
