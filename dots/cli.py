@@ -36,13 +36,13 @@ def _int_in(low: int, high: int | None):
     return parse
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "dots") -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-p", "--params",
                         help="params file (default: ./params.yaml; without one, every default)")
     common.add_argument("-S", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a param, e.g. -S train.steps=50 (repeatable)")
-    parser = argparse.ArgumentParser(prog="dots", description=__doc__,
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in [("prepare", "generate the pool and held-out set"),
@@ -242,7 +242,7 @@ def parse_bench_args(argv: list[str]) -> argparse.Namespace:
             continue
         words += ["-S", word] if "=" in word and not word.startswith("-") else [word]
         i += 1
-    return _parser().parse_args(["bench", *words])
+    return _parser(prog="make").parse_args(["bench", *words])  # its errors say "make bench: error: ..."
 
 
 def _require_environment(cfg, args, stages) -> None:

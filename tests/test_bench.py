@@ -1123,5 +1123,6 @@ def test_make_bench_takes_dots_bench_arguments_and_refuses_bad_ones_before_the_f
         assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     with pytest.raises(SystemExit) as exc:
         bench_module.main(["--seeds", "x"])
-    assert exc.value.code == 2 and "argument --seeds: invalid int value: 'x'" in capsys.readouterr().err
+    err = capsys.readouterr().err  # named as the user ran it (it said `dots bench`)
+    assert exc.value.code == 2 and "make bench: error: argument --seeds: invalid int value: 'x'" in err
     assert len(started) == 1 and taken.read_text() == "keep"
