@@ -43,12 +43,12 @@ def out_of_space(exc: BaseException, folder: Path) -> bool:
         return False
 
 
-def _disk_full(path: Path, tmp: Path) -> DiskFull:
-    written = tmp.stat().st_size if tmp.exists() else 0
-    kept = f"the previous {path.name} is kept" if path.exists() else "nothing was written in its place"
-    return DiskFull(errno.ENOSPC, f"{path}: its disk filled while writing it ({written / 2**20:.1f} MiB "
-                    f"written, {free_bytes(path.parent) / 2**20:.1f} MiB left): {kept}. Free space (or point "
-                    "paths.root elsewhere) and run the same command again")
+def disk_full(path: Path, doing: str, written: int, kept: str, left: str = "", then: str = "") -> DiskFull:
+    """The one-line error of a write to `path` its disk could not hold (an atomic file here, the
+    exported model folder in dots.export): what was written, what is left, what was kept."""
+    return DiskFull(errno.ENOSPC, f"{path}: its disk filled while {doing} ({written / 2**20:.1f} MiB "
+                    f"written, {free_bytes(path.parent) / 2**20:.1f} MiB left{left}): {kept}. Free space (or "
+                    f"point paths.root elsewhere) and run the same command again{then}")
 
 
 def process_started(pid: int) -> float | None:
@@ -127,7 +127,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             os.close(dir_fd)
     except (OSError, RuntimeError) as exc:
         if not isinstance(exc, DiskFull) and out_of_space(exc, path.parent):
-            raise _disk_full(path, tmp) from exc
+            kept = "nothing was written in its place"
+            if path.exists():
+                kept = f"the previous {path.name} is kept"
+            raise disk_full(path, "writing it", tmp.stat().st_size if tmp.exists() else 0, kept) from exc
         raise
     finally:
         if tmp.exists():

@@ -9,13 +9,12 @@ registry tell a retried upload of the same weights from a newly trained model.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import shutil
 from pathlib import Path
 
-from .atomic import DiskFull, free_bytes, out_of_space
+from .atomic import disk_full, out_of_space
 from .models import save_policy
 
 INFO = "dots.json"
@@ -53,11 +52,8 @@ def write_model_folder(model, tokenizer, path: str | Path, state_dict: dict | No
         if not full:
             raise
         kept = f"the previous {path.name} folder is kept" if path.exists() else "none is left in its place"
-        mib = written / 2**20, free_bytes(path.parent) / 2**20
-        raise DiskFull(errno.ENOSPC, f"{path}: its disk filled while the model was saved ({mib[0]:.1f} MiB "
-                       f"written, {mib[1]:.1f} MiB left once that was removed): {kept}. Free space (or point "
-                       "paths.root elsewhere) and run the same command again (training resumes from its last "
-                       "checkpoint)") from exc
+        raise disk_full(path, "the model was saved", written, kept, left=" once that was removed",
+                        then=" (training resumes from its last checkpoint)") from exc
     old = path.with_name(f".{path.name}.old")
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():

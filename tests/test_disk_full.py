@@ -160,13 +160,12 @@ def test_an_export_that_fills_the_disk_keeps_the_previous_model_folder(tmp_path,
     (model / "model.safetensors").write_bytes(b"the previous weights")
     monkeypatch.setattr(export, "save_policy", _save_policy_that_fills_the_disk)
     monkeypatch.setattr(atomic, "free_bytes", lambda folder: free)
-    monkeypatch.setattr(export, "free_bytes", lambda folder: free)
     with pytest.raises(raised) as exc:
         export.write_model_folder(None, None, model, info={"method": "grpo"})
     if raised is DiskFull:
-        assert exc.value.strerror == (f"{model}: its disk filled while the model was saved (0.0 MiB written, 0.0 "
-                                      "MiB left once that was removed): the previous model folder is kept. Free "
-                                      "space (or point paths.root elsewhere) and run the same command again "
-                                      "(training resumes from its last checkpoint)")
+        assert exc.value.strerror == (
+            f"{model}: its disk filled while the model was saved (0.0 MiB written, 0.0 MiB left once that "
+            "was removed): the previous model folder is kept. Free space (or point paths.root elsewhere) and "
+            "run the same command again (training resumes from its last checkpoint)")
     assert [p.name for p in model.parent.iterdir()] == ["model"]  # no temporary folder left behind
     assert (model / "model.safetensors").read_bytes() == b"the previous weights"

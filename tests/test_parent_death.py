@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,21 +43,28 @@ def gone_within(pid: int, seconds: float) -> bool:
     return not _alive(pid)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_a_pool_worker_dies_when_its_parent_is_killed(sig):
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+@contextmanager
+def parent_and_child(script: str) -> Iterator[tuple[subprocess.Popen, int]]:
+    """Run `script`, whose first line out is the pid of the child it started; neither outlives the test."""
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     child = None
     try:
         child = int(parent.stdout.readline())
         assert _alive(child) and child != parent.pid
-        parent.send_signal(sig)
-        assert parent.wait(timeout=30) == -sig
-        assert gone_within(child, 30), "the pool worker outlived the process that spawned it"
+        yield parent, child
     finally:
         parent.kill()
         parent.wait()
         if child is not None and _alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_pool_worker_dies_when_its_parent_is_killed(sig):
+    with parent_and_child(PARENT) as (parent, child):
+        parent.send_signal(sig)
+        assert parent.wait(timeout=30) == -sig
+        assert gone_within(child, 30), "the pool worker outlived the process that spawned it"
 
 
 def test_a_child_whose_parent_is_already_gone_exits_at_once():
@@ -85,17 +94,8 @@ worker.join()
 
 def test_a_process_started_from_a_flows_task_thread_dies_when_the_flow_is_killed():
     """A flow SIGKILLed mid-stage left its `dvc repro` (and the stage under it) running."""
-    parent = subprocess.Popen([sys.executable, "-c", RUNNER], stdout=subprocess.PIPE, text=True)
-    child = None
-    try:
-        child = int(parent.stdout.readline())
-        assert _alive(child) and child != parent.pid
+    with parent_and_child(RUNNER) as (parent, child):
         assert Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[1] == b"-c"  # the program itself ran
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=30)
         assert gone_within(child, 30), "the process outlived the flow that started it"
-    finally:
-        parent.kill()
-        parent.wait()
-        if child is not None and _alive(child):
-            os.kill(child, signal.SIGKILL)
