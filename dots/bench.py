@@ -50,18 +50,18 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
 from . import time_split
 from .atomic import check_writable_folder, write_text
+from .bench_goals import goals, predictor_round_seconds, runs_wall_s, task_checks
+from .bench_summary import CONFIDENCE, PEER_FIGURES, PEERS, Variant, baseline_targets, median_of, summarize
+from .bench_table import read_back_note, render, resumed_note, runs_resumed
 from .config import BENCH_METHODS, METHODS, TRAITS, Config, ConfigError, with_overrides
 from .machine_load import adjusted_seconds, round_loads
 from .progress import say
-from .runfiles import json_safe
-from .runfiles import (Crossing, crossing, equal_time_difference, final_smoothed, resumed_label, smoothed,
-                       step_seconds)
+from .runfiles import Crossing, crossing, final_smoothed, json_safe, smoothed, step_seconds
 from .workspace_lock import exclusive
 
 RESULTS = Path("results/bench")
@@ -111,16 +111,8 @@ def prepare_shared(cfg: Config) -> dict:
 # Sections a method's training does not read: a grpo run is the same run whatever the
 # selection or replay params, so variants of those reuse it instead of training it again.
 _DOTS = ("selection", "embed", "label", "predictor")
-PEERS = ("dapo", "greso")  # the peer baselines dots is measured against beside grpo
 UNUSED = {m: (*(() if t.selects else _DOTS), *(() if t.replays else ("replay",)),
               *(p for p in PEERS if p != t.filters)) for m, t in TRAITS.items()}
-
-
-class Variant(NamedTuple):
-    """A method with some params changed, benched beside the methods as its own arm."""
-    label: str
-    method: str
-    overrides: tuple[str, ...]
 
 
 _LABEL = re.compile(r"[a-z][a-z0-9_]{0,31}")
@@ -163,13 +155,6 @@ def parse_variant(text: str, cfg: Config) -> Variant:
         raise ConfigError(f"--variant {label}: {method} does not read {', '.join(overrides)} "
                           f"(or the values are the defaults): the variant would be the {method} run itself")
     return variant
-
-
-def peer_arms(methods: Sequence[str], variant_of: dict[str, str | None]) -> list[str]:
-    """The arms every arm is paired with as a peer baseline (`<ratio>_vs_<arm>`): dapo and greso,
-    and their variants, e.g. greso at the learning rate that suits dots_rr too, so that dots_rr at
-    its better setting meets each peer at its own (against grpo's target, as every arm)."""
-    return [m for m in methods if m in PEERS or variant_of.get(m) in PEERS]
 
 
 def arm_config(cfg: Config, variant: Variant | None) -> Config:
@@ -410,473 +395,6 @@ def _adjusted_at(crossed: Crossing, seconds: list[float], loads: np.ndarray) -> 
     return crossed.at(*(adjusted_seconds(seconds, loads, n) for n in crossed.steps))
 
 
-# the peer baselines' sampling figures: per-step means the run's summary holds (None for other methods)
-PEER_FIGURES = {"rollouts_per_step": "sampling/rollouts", "gen_batches": "sampling/gen_batches",
-                "short_share": "sampling/short", "skip_prob": "greso/skip_prob_mean"}
-
-
-def _median(vals: list) -> float | None:
-    vals = [v for v in vals if v is not None]
-    return float(np.median(vals)) if vals else None
-
-
-def _spread(vals: list) -> list | None:
-    vals = [v for v in vals if v is not None]
-    return [float(min(vals)), float(max(vals))] if vals else None
-
-
-MEDIAN_KEYS = ("time_to_target_s", "time_to_target_adjusted_s", "steps_to_target", "tokens_sampled_to_target", "tokens_trained_to_target",
-               "final_accuracy", "final_smoothed", "step_s", "rollout_s", "update_s", "select_s", "other_s",
-               "effective_ratio", "staleness", "dots_pearson", "probe_pearson", "pearson_ceiling", "s_per_group_trained",
-               "frontier_min", *PEER_FIGURES)
-RATIOS = (("time_to_target_s", "time_to_target_ratio"), ("time_to_target_adjusted_s", "time_to_target_adjusted_ratio"),
-          ("steps_to_target", "steps_to_target_ratio"),
-          ("tokens_sampled_to_target", "tokens_sampled_ratio"), ("tokens_trained_to_target", "tokens_trained_ratio"))
-CONFIDENCE = 0.9
-
-
-def median_interval(values: list[float], confidence: float = CONFIDENCE) -> list[float] | None:
-    """Percentile-bootstrap interval of the median over seeds (scipy.stats.bootstrap, fixed seed).
-
-    A run that never reached the target enters as +inf (infinitely slow). The bootstrap runs on
-    a finite stand-in for it; any bound above the largest finite ratio involves a stand-in (with
-    an even count the median may average one with a real ratio), so it is reported as inf."""
-    from scipy.stats import bootstrap  # noqa: PLC0415
-
-    vals = np.asarray([v for v in values if v is not None], dtype=np.float64)
-    if len(vals) == 0:
-        return None
-    if len(vals) == 1 or np.all(vals == vals[0]):
-        return [float(vals[0]), float(vals[0])]
-    finite = vals[np.isfinite(vals)]
-    top = float(finite.max()) if len(finite) else -np.inf  # the largest ratio a run really reached
-    stand_in = np.where(np.isfinite(vals), vals, top * 10 + 1 if len(finite) else 1.0)
-    res = bootstrap((stand_in,), np.median, confidence_level=confidence, method="percentile",
-                    n_resamples=9999, random_state=np.random.default_rng(0), vectorized=True)
-    def bound(x: float) -> float:
-        # the percentile interpolation can land an ulp above the largest ratio: that is the ratio,
-        # while a bound that involves the stand-in lies ten times higher
-        return min(x, top) if x <= top + 1e-9 * abs(top) else float("inf")
-
-    return [bound(float(res.confidence_interval.low)), bound(float(res.confidence_interval.high))]
-
-
-def _paired_ratio(mine: float | None, base: float | None) -> float | None:
-    """mine / base for one seed; a run that never reaches the target counts as infinitely slow
-    (so it weighs in the median), and a target already met at step 0 by both is a tie."""
-    if base is None:
-        return None
-    if mine is None:
-        return float("inf")
-    if base == 0:
-        return 1.0 if mine == 0 else float("inf")
-    return mine / base
-
-
-def paired_ratios(mine: list[dict], base: list[dict], key: str) -> dict:
-    """Seed-paired ratios of `key` (mine / base): their median, the per-seed values and a 90%
-    bootstrap interval of the median."""
-    by_seed = {r["seed"]: r for r in base}
-    ratios = [_paired_ratio(r.get(key), by_seed[r["seed"]].get(key) if r["seed"] in by_seed else None)
-              for r in mine]
-    return _paired([x for x in ratios if x is not None])
-
-
-def _paired(values: list[float]) -> dict:
-    """Per-seed values as the summary holds them: their median, the values, a 90% bootstrap
-    interval of the median."""
-    return {"median": float(np.median(values)) if values else None, "per_seed": values,
-            "ci90": median_interval(values)}
-
-
-def paired_differences(mine: list[dict], base: list[dict], key: str) -> dict:
-    """Seed-paired differences of `key` (mine − base): their median, the per-seed values and a
-    90% bootstrap interval of the median. Why beside the time ratios: an arm can reach grpo's
-    end point sooner and still end lower (a switch that trades the end point for an earlier
-    crossing); the end point's own paired interval says whether it does, by more than noise."""
-    by_seed = {r["seed"]: r for r in base}
-    return _paired([float(r[key] - by_seed[r["seed"]][key]) for r in mine
-                    if r.get(key) is not None and by_seed.get(r["seed"], {}).get(key) is not None])
-
-
-def equal_time_differences(mine: list[dict], base: list[dict]) -> dict:
-    """Seed-paired differences of smoothed accuracy at equal training seconds: on each seed, both
-    runs' smoothed curves read at the shorter run's last second (linear between evaluations, as
-    the time to target is), mine − base; median, per seed and 90% bootstrap interval. Why: time to
-    `grpo`'s end point says who clears one bar first and the end points who is ahead after the
-    same steps, but an arm that spends 3x the seconds a step can end higher without being better
-    for the compute; this is the figure at the same compute. Rows without a curve are left out."""
-    by_seed = {r["seed"]: r for r in base}
-    diffs = []
-    for r in mine:
-        b = by_seed.get(r["seed"])
-        if not r.get("curve_s") or not b or not b.get("curve_s"):
-            continue
-        diffs.append(equal_time_difference(r["curve_s"], r["curve_smoothed"],
-                                           b["curve_s"], b["curve_smoothed"]))
-    return _paired(diffs)
-
-
-def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] = (),
-              baseline_rows: dict[str, list[dict]] | None = None) -> dict:
-    """Per arm: medians over seeds, their min–max spread, seed-paired ratios to grpo and, where
-    the peer baselines or their variants ran, to each of them (`<ratio>_vs_<peer>`, see
-    `peer_arms`); a variant also to its own method (`<ratio>_vs_<method>`); beside each pairing's
-    ratios, the paired difference of the smoothed end points (`end_point_diff<suffix>`,
-    `paired_differences`) and of the accuracy at equal seconds (`equal_time_diff<suffix>`,
-    `equal_time_differences`). A variant of grpo
-    is another baseline: every other arm gets its ratios to it too (`<ratio>_vs_<label>`), e.g.
-    to grpo as a plain trainer runs it.
-
-    `baseline_rows[label]`: every arm's rows against that grpo variant's own target (its own
-    smoothed end point, see `baseline_targets`); its `_vs_<label>` ratios are read from them, so
-    a baseline that ends a little below grpo's end point is still a baseline (against grpo's
-    target it would never arrive, and every seed would drop out of the pairing)."""
-    def by_arm(some: list[dict]) -> dict[str, list[dict]]:
-        return {m: [r for r in some if r["method"] == m] for m in methods}
-
-    runs = by_arm(rows)
-    runs_vs = {b: by_arm(rows_b) for b, rows_b in (baseline_rows or {}).items()}  # against b's own end point
-    grpo = runs.get("grpo", [])
-    by_label = {v.label: v for v in variants}
-    peers = peer_arms(methods, {label: v.method for label, v in by_label.items()})
-    other_bases = [v.label for v in variants if v.method == "grpo" and v.label in methods]
-    out: dict[str, dict] = {}
-    for m in methods:
-        mine = runs[m]
-        stats: dict = {"seeds": [r["seed"] for r in mine],
-                       "reached_target": sum(r["time_to_target_s"] is not None for r in mine)}
-        if (v := by_label.get(m)) is not None:
-            stats["variant_of"], stats["overrides"] = v.method, list(v.overrides)
-        for k in MEDIAN_KEYS:
-            stats[k] = _median([r.get(k) for r in mine])
-            stats[f"{k}_spread"] = _spread([r.get(k) for r in mine])
-        own = [v.method] if v is not None and v.method in runs and v.method not in peers else []
-        bases = [*peers, *own, *(b for b in other_bases if b != m)]
-        pairs = [(mine, grpo, "")]
-        for b in bases:
-            arm_rows = runs_vs.get(b, runs)
-            pairs.append((arm_rows[m], arm_rows[b], f"_vs_{b}"))
-        for mine_b, base, suffix in pairs:
-            figures = [(name, paired_ratios(mine_b, base, key)) for key, name in RATIOS]
-            figures += [("end_point_diff", paired_differences(mine_b, base, "final_smoothed")),  # as the target
-                        ("equal_time_diff", equal_time_differences(mine_b, base))]
-            for name, pr in figures:
-                stats[name + suffix] = pr["median"]
-                stats[f"{name}{suffix}_per_seed"] = pr["per_seed"]
-                stats[f"{name}{suffix}_ci90"] = pr["ci90"]
-        stats.update(time_split.ratios_to_grpo(mine, grpo))
-        out[m] = stats
-    return out
-
-
-def baseline_targets(rows: list[dict], variants: Sequence[Variant] = ()) -> dict[str, dict[int, float]]:
-    """Per variant of grpo, its own target for each seed: its own smoothed end point, as grpo's is
-    the bench's. Ratios to such a baseline measure who reaches *its* end point first; measured
-    against grpo's, a baseline that is the same gradient up to float order (train.skip_degenerate
-    off) missed it on 3 of 5 seeds and left no pair to compare."""
-    labels = {v.label for v in variants if v.method == "grpo"}
-    out: dict[str, dict[int, float]] = {}
-    for r in rows:
-        if r["method"] in labels and r.get("final_smoothed") is not None:
-            out.setdefault(r["method"], {})[r["seed"]] = r["final_smoothed"]
-    return out
-
-
-def grpo_baselines(summary: dict) -> list[str]:
-    """The arms of a summary that are variants of grpo: baselines every other arm was also
-    compared with (`<ratio>_vs_<label>`)."""
-    return [m for m, stats in summary.items() if stats.get("variant_of") == "grpo"]
-
-
-def predictor_round_seconds(dataset: str | Path, dim: int = 1536, ref_size: int = 256, hidden: int = 128,
-                            repeats: int = 30, threads: int = 2) -> dict:
-    """Seconds of one DOTS prediction round over a real pool's size, keys cached.
-
-    The embeddings' values do not change the cost, only their shape: the questions of
-    `dataset` are counted and given random `dim`-wide embeddings (1536 = Qwen2.5-Math-1.5B).
-    """
-    import pyarrow.parquet as pq  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-
-    from .predictor import DifficultyPredictor  # noqa: PLC0415
-
-    torch.set_num_threads(threads)
-    n = pq.ParquetFile(dataset).metadata.num_rows
-    gen = torch.Generator().manual_seed(0)
-    emb = torch.randn(n, dim, generator=gen)
-    predictor = DifficultyPredictor(dim, hidden).eval()
-    t = time.perf_counter()
-    proj = predictor.project_pool(emb)
-    project_s = time.perf_counter() - t
-    rng = np.random.default_rng(0)
-    times = []
-    for _ in range(repeats):
-        refs = rng.choice(n, size=ref_size, replace=False)
-        labels = rng.random(ref_size)
-        t = time.perf_counter()
-        predictor.predict_projected(proj, refs, labels)
-        times.append(time.perf_counter() - t)
-    return {"questions": n, "dim": dim, "ref_size": ref_size, "round_s": float(np.median(times)),
-            "round_s_max": float(np.max(times)), "project_once_s": project_s, "threads": threads}
-
-
-def task_checks(rows: list[dict]) -> list[dict]:
-    """Does the task decide? Checked on every grpo seed (the issue's criteria): learning keeps
-    moving (at most half of the gain by 20% of the budget), the gain stands above evaluation noise
-    (at least 10 standard errors of the metric), and a frontier of half-solved pool questions
-    remains (the probe set's share with 0 < pass rate < 1 never falls to 20%)."""
-    grpo = [r for r in rows if r["method"] == "grpo"]
-    out = []
-
-    def check(name, values, target, ok):
-        vals = [v for v in values if v is not None]
-        worst = None if not vals else (max(vals) if target.startswith("<=") else min(vals))
-        out.append({"check": name, "per_seed": values, "worst": worst, "target": target,
-                    "met": bool(vals) and len(vals) == len(values) and all(ok(v) for v in vals)})
-    check("grpo gain share in the first 20% of the budget", [r["early_gain_share"] for r in grpo], "<= 0.5",
-          lambda v: v <= 0.5)
-    check("grpo total gain / standard error of the metric", [r["gain_se"] for r in grpo], ">= 10",
-          lambda v: v >= 10)
-    check("grpo probe frontier, lowest over the run", [r["frontier_min"] for r in grpo], "> 0.2",
-          lambda v: v > 0.2)
-    return out
-
-
-def judged_key(stats: dict, suffix: str = "") -> str:
-    """The summary key of the time ratio a goal judges: the load-adjusted one where the bench
-    measured the load (`machine_load`: it reproduces between benches where raw seconds did not),
-    else raw seconds'."""
-    adjusted = f"time_to_target_adjusted_ratio{suffix}"
-    return adjusted if stats.get(adjusted) is not None else f"time_to_target_ratio{suffix}"
-
-
-def judged_time_ratio(stats: dict, suffix: str = "") -> tuple[float | None, list | None, str]:
-    """The time ratio a goal judges (`judged_key`: median, interval, detail); the detail gives the
-    raw ratio beside the adjusted one."""
-    raw_key, key = f"time_to_target_ratio{suffix}", judged_key(stats, suffix)
-    raw, raw_ci = stats.get(raw_key), stats.get(f"{raw_key}_ci90")
-    if key == raw_key:
-        return raw, raw_ci, _ci_detail(raw_ci)
-    adj, adj_ci = stats[key], stats.get(f"{key}_ci90")
-    return adj, adj_ci, f"load-adjusted, {_ci_detail(adj_ci)}; raw seconds {_ci(raw, raw_ci, '.2f')}"
-
-
-def goals(summary: dict, cfg: Config, predictor_round: dict | None, rows: list[dict]) -> list[dict]:
-    """Where each goal of the benchmark issue stands on this run."""
-    def goal(name, value, target, met, detail=""):
-        return {"goal": name, "value": value, "target": target, "met": bool(met) if value is not None else False,
-                "detail": detail}
-
-    out = []
-    d = summary.get("dots_rr", {})
-    ratio, ci, detail = judged_time_ratio(d)
-    if d.get("update_time_ratio") is not None:  # what bounds it: the update's seconds alone (dots.time_split)
-        detail += f"; its update alone {d['update_time_ratio']:.2f} of grpo's time"
-    # how many seeds sit on the goal's side: a median of six is the mean of the middle two, and a
-    # "yes" with three seeds above the line says less than one with all six below it
-    if per_seed := d.get(f"{judged_key(d)}_per_seed"):
-        detail += f"; {sum(x <= 0.5 for x in per_seed)} of {len(per_seed)} seeds at or below 0.5"
-    out.append(goal("dots_rr time-to-target / grpo (median over seeds)", ratio, "<= 0.5, 90% CI upper < 0.8",
-                    ratio is not None and ratio <= 0.5 and ci is not None and ci[1] < 0.8, detail))
-    for peer in PEERS:
-        ratio, ci, detail = judged_time_ratio(d, f"_vs_{peer}")
-        if ratio is not None:
-            out.append(goal(f"peer {peer}: dots_rr time-to-target / {peer} (median over seeds)", ratio, "<= 0.8",
-                            ratio <= 0.8, detail))
-    selecting = [m for m, t in TRAITS.items() if t.selects]  # the methods whose rounds log dots/pearson
-    pear, probe, ceiling = (_median([summary.get(m, {}).get(key) for m in selecting])
-                            for key in ("dots_pearson", "probe_pearson", "pearson_ceiling"))
-    notes = []
-    if ceiling is not None:
-        notes.append(f"a predictor knowing the true pass rates would score about {ceiling:.2f} against these "
-                     f"labels of G = {cfg.rollout.group_size} samples")
-    if probe is not None:
-        notes.append(f"on a uniform probe of the pool instead of the selected questions: {probe:.2f}")
-    out.append(goal("dots/pearson (median of dots, dots_rr)", pear, ">= 0.8", pear is not None and pear >= 0.8,
-                    "; ".join(notes)))
-    g, dd = summary.get("grpo", {}), summary.get("dots", {})
-    share = (dd["effective_ratio"] / g["effective_ratio"]) if g.get("effective_ratio") and dd.get(
-        "effective_ratio") is not None else None
-    out.append(goal("dots informative share of fresh groups / grpo's", share, ">= 2 and dots' >= 0.5",
-                    share is not None and share >= 2 and dd["effective_ratio"] >= 0.5,
-                    "" if share is None else f"dots {dd['effective_ratio']:.2f}, grpo {g['effective_ratio']:.2f}"))
-    if predictor_round is not None:
-        rs = predictor_round["round_s"]
-        out.append(goal(f"predictor round over {predictor_round['questions']} questions (s)", rs, "<= 0.1",
-                        rs <= 0.1, f"K={predictor_round['ref_size']}, dim {predictor_round['dim']}, "
-                                   f"{predictor_round['threads']} threads, keys cached"))
-    over = _median(overhead_shares(rows))
-    start = _median(process_start_shares(rows))
-    out.append(goal("Prefect + MLflow share of a training run's wall-clock (median)", over, "<= 0.03",
-                    over is not None and over <= 0.03,
-                    "" if start is None else
-                    f"apart, the seed process's start (spawn and imports, the bench's own): {start:.3f}"))
-    return out
-
-
-def lockstep_groups(rows: list[dict]) -> list[list[dict]]:
-    """The rows that share one wall-clock: a seed's runs trained in lockstep, or (on a GPU,
-    one after another) each run alone. Rows without a wall-clock are left out."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        if r.get("wall_s"):
-            groups.setdefault((r["seed"], tuple(r.get("lockstep") or [r["method"]])), []).append(r)
-    return list(groups.values())
-
-
-def overhead_shares(rows: list[dict]) -> list[float]:
-    """Prefect + MLflow seconds over wall-clock, per lockstep group (a seed's runs share one
-    wall-clock and one orchestration figure; each run has its own tracking seconds)."""
-    groups = lockstep_groups([r for r in rows if r.get("tracking_s") is not None
-                              or r.get("orchestration_s") is not None])
-    return [(sum(r["tracking_s"] or 0 for r in g) + max(r["orchestration_s"] or 0 for r in g))
-            / max(r["wall_s"] for r in g) for g in groups]
-
-
-def process_start_shares(rows: list[dict]) -> list[float]:
-    """The seed process's start (`process_start_s`, see `train_seed`) over wall-clock, per
-    lockstep group that trained in a spawned process; left out of `overhead_shares`, because
-    starting a process and importing torch is the bench's cost, not Prefect's or MLflow's."""
-    groups = lockstep_groups([r for r in rows if r.get("process_start_s") is not None])
-    return [max(r["process_start_s"] for r in g) / max(r["wall_s"] for r in g) for g in groups]
-
-
-def runs_wall_s(rows: list[dict]) -> float | None:
-    """The wall-clock the runs took when they were trained: each lockstep group's (its longest
-    run's) summed over groups, read from the runs' own summaries. Unlike `bench_wall_s` (the
-    seconds of the invocation that wrote the report), a report re-written later, every run
-    read back, keeps it."""
-    groups = lockstep_groups(rows)
-    return float(sum(max(r["wall_s"] for r in g) for g in groups)) if groups else None
-
-
-def _f(v, fmt: str) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float) and not np.isfinite(v):
-        return "never"
-    return format(v, fmt)
-
-
-def _ci_detail(ci) -> str:
-    return "" if ci is None else f"90% CI {_f(ci[0], '.2f')}–{_f(ci[1], '.2f')}"
-
-
-def _ci(v, ci, fmt: str) -> str:
-    return _f(v, fmt) + ("" if not ci else f" [{_f(ci[0], fmt)}–{_f(ci[1], fmt)}]")
-
-
-def _end_point(stats: dict, suffix: str = "") -> str:
-    """The paired end-point difference and its interval, signed (`paired_differences`)."""
-    return _ci(stats.get(f"end_point_diff{suffix}"), stats.get(f"end_point_diff{suffix}_ci90"), "+.3f")
-
-
-def _equal_time(stats: dict, suffix: str = "") -> str:
-    """The paired accuracy difference at equal seconds and its interval (`equal_time_differences`)."""
-    return _ci(stats.get(f"equal_time_diff{suffix}"), stats.get(f"equal_time_diff{suffix}_ci90"), "+.3f")
-
-
-def _lower_on(stats: dict, suffix: str = "") -> str:
-    """On how many seeds the arm ended below its base: "15/20"."""
-    diffs = stats.get(f"end_point_diff{suffix}_per_seed") or []
-    return f"{sum(d < 0 for d in diffs)}/{len(diffs)}" if diffs else "—"
-
-
-def _against(summary: dict, methods: list[str], bases: list[str], title: str) -> list[str]:
-    """A table section: every other arm's time and token ratios to each of `bases`, then its end
-    point and accuracy at equal seconds against each."""
-    lines = ["", f"{title}: ratios and accuracy differences paired by seed, with 90% bootstrap intervals:",
-             "",
-             "| method | " + " | ".join(f"{label} / {b}" for b in bases for label in
-                                       ("time", "load-adjusted time", "tokens sampled", "tokens trained"))
-             + " | " + " | ".join(f"{label} − {b}" for b in bases
-                                  for label in ("end point", "at equal time")) + " |",
-             "|" + "---|" * (1 + 6 * len(bases))]
-    for m in methods:
-        s = summary[m]
-        cells = [_ci(s.get(f"{n}_vs_{b}"), s.get(f"{n}_vs_{b}_ci90"), ".2f") for b in bases
-                 for n in ("time_to_target_ratio", "time_to_target_adjusted_ratio", "tokens_sampled_ratio",
-                           "tokens_trained_ratio")]
-        cells += [f(s, f"_vs_{b}") for b in bases for f in (_end_point, _equal_time)]
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list[str],
-           checks: list[dict] | None = None) -> str:
-    head = ("| method | seed | time-to-target (s) | load-adjusted (s) | steps | tokens sampled | tokens trained | final acc "
-            "| step (s) | rollout | update | select | s / group trained | effective ratio | staleness "
-            "| dots/pearson |")
-    lines = ["Per run (target = grpo's mean of its last evaluations, same seed):", "", head, "|" + "---|" * 16]
-    for r in sorted(rows, key=lambda r: (methods.index(r["method"]), r["seed"])):
-        lines.append(f"| {r['method']} | {r['seed']} | {_f(r['time_to_target_s'], '.1f')} | "
-                     f"{_f(r.get('time_to_target_adjusted_s'), '.1f')} | "
-                     f"{_f(r['steps_to_target'], '.1f')} | {_f(r['tokens_sampled_to_target'], ',.0f')} | "
-                     f"{_f(r['tokens_trained_to_target'], ',.0f')} | {_f(r['final_smoothed'], '.3f')} | "
-                     f"{_f(r['step_s'], '.3f')} | {_f(r['rollout_s'], '.3f')} | {_f(r['update_s'], '.3f')} | "
-                     f"{_f(r['select_s'], '.3f')} | {_f(r['s_per_group_trained'], '.4f')} | "
-                     f"{_f(r['effective_ratio'], '.2f')} | {_f(r['staleness'], '.1f')} | "
-                     f"{_f(r['dots_pearson'], '.2f')} |")
-    lines += ["", "Medians over seeds; ratios and accuracy differences to grpo are paired by seed, "
-              "with 90% bootstrap intervals:", "",
-              "| method | time ratio | load-adjusted time ratio | steps ratio | tokens-sampled ratio "
-              "| tokens-trained ratio | time-to-target (s) | final acc | end point − grpo "
-              "| at equal time − grpo | step (s) | s / group trained | effective ratio | staleness "
-              "| dots/pearson | reached |",
-              "|" + "---|" * 16]
-    for m in methods:
-        s = summary[m]
-        lines.append(f"| {m} | " + " | ".join(_ci(s.get(n), s.get(f"{n}_ci90"), ".2f") for _, n in RATIOS) +
-                     f" | {_f(s['time_to_target_s'], '.1f')} | {_f(s['final_smoothed'], '.3f')} | "
-                     f"{_end_point(s)} | {_equal_time(s)} | {_f(s['step_s'], '.3f')} | "
-                     f"{_f(s['s_per_group_trained'], '.4f')} | "
-                     f"{_f(s['effective_ratio'], '.2f')} | {_f(s['staleness'], '.1f')} | "
-                     f"{_f(s['dots_pearson'], '.2f')} | {s['reached_target']}/{len(s['seeds'])} |")
-    lines += time_split.render(summary, methods, lambda v: _f(v, ".2f"))
-    peers = peer_arms(methods, {m: summary[m].get("variant_of") for m in methods})
-    if peers:
-        lines += _against(summary, methods, peers, "Against the peer baselines")
-        lines += ["", "How the peers sample (medians of per-step means over seeds):", "",
-                  "| method | generation batches / step | groups rolled out / step | short steps | "
-                  "GRESO skip probability |", "|---|---|---|---|---|"]
-        for m in methods:
-            s = summary[m]
-            if s.get("rollouts_per_step") is None:
-                continue
-            lines.append(f"| {m} | {_f(s['gen_batches'], '.2f')} | {_f(s['rollouts_per_step'], '.1f')} | "
-                         f"{_f(s['short_share'], '.3f')} | {_f(s['skip_prob'], '.3f')} |")
-    variants = [m for m in methods if summary[m].get("variant_of")]
-    if variants:
-        lines += ["", "Variants against their own method: ratios and accuracy differences paired by seed, "
-                  "with 90% bootstrap intervals:", "",
-                  "| variant | params | time | load-adjusted time | steps | tokens sampled | tokens trained "
-                  "| end point − its method | ended lower on | at equal time − its method |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for m in variants:
-            s, base = summary[m], summary[m]["variant_of"]
-            cells = [_ci(s.get(f"{n}_vs_{base}"), s.get(f"{n}_vs_{base}_ci90"), ".2f") for _, n in RATIOS]
-            vs = f"_vs_{base}"
-            cells += [_end_point(s, vs), _lower_on(s, vs), _equal_time(s, vs)]
-            lines.append(f"| {m} | {base} with {', '.join(s['overrides'])} | " + " | ".join(cells) + " |")
-    other_bases = [m for m in grpo_baselines(summary) if m in methods]
-    if other_bases:
-        lines += _against(summary, methods, other_bases,
-                          "Against grpo's variants as baselines (target: each baseline's own smoothed end point)")
-    if checks:
-        lines += ["", "Does the task decide? (grpo, every seed)", "", "| check | per seed | target | met |",
-                  "|---|---|---|---|"]
-        for c in checks:
-            per = ", ".join(_f(v, ".2f") for v in c["per_seed"])
-            lines.append(f"| {c['check']} | {per} | {c['target']} | {'yes' if c['met'] else 'no'} |")
-    lines += ["", "Goals:", "", "| goal | measured | target | met |", "|---|---|---|---|"]
-    for g in goal_list:
-        detail = f" ({g['detail']})" if g["detail"] else ""
-        lines.append(f"| {g['goal']} | {_f(g['value'], '.3f')}{detail} | {g['target']} | "
-                     f"{'yes' if g['met'] else 'no'} |")
-    return "\n".join(lines)
-
-
 def runs_finished_before(cfg: Config, arms_: list[str], seeds: list[int], began: float,
                          variants: Sequence[Variant] = ()) -> list[str]:
     """`<arm> seed <s>` for each run whose summary was written before `began`: read back from an
@@ -890,32 +408,6 @@ def runs_finished_before(cfg: Config, arms_: list[str], seeds: list[int], began:
         if done.exists() and done.stat().st_mtime < began:
             out.append(f"{label} seed {seed}")
     return out
-
-
-def read_back_note(read_back: list[str], runs: int, root: Path) -> str:
-    """The table's warning that some of its seconds are an earlier bench's (`runs_finished_before`)."""
-    return (f"\n\nRead back, not timed by this bench: {len(read_back)} of {runs} runs ({', '.join(read_back)}) "
-            "finished in an earlier bench in this workspace, so their seconds are that bench's and this table "
-            f"is not a second measurement of them. To time them again, move {root / 'runs'} and "
-            f"{root / 'checkpoints'} aside (the shared stages can stay), or bench in a clean clone.")
-
-
-def runs_resumed(rows: list[dict]) -> list[str]:
-    """`<arm> seed <s> at step <k>[, <k2>]` for each run that went on from a checkpoint (a killed or
-    stopped bench, run again): its seconds before and after were timed in different sittings."""
-    return [resumed_label(f"{r['method']} seed {r['seed']}", r["resumed_at"])
-            for r in rows if r.get("resumed_at")]
-
-
-def resumed_note(resumed: list[str], runs: int, root: Path) -> str:
-    """The table's warning that some runs' seconds come from two sittings (`runs_resumed`). Steps,
-    tokens and accuracies are those of an uninterrupted run (resume is exact); seconds are not: the
-    machine's load differed between the sittings, which the load-adjusted figure divides out round by
-    round and the raw one does not."""
-    return (f"\n\nResumed from a checkpoint: {len(resumed)} of {runs} runs ({'; '.join(resumed)}). Their "
-            "steps, tokens and accuracies are an uninterrupted run's, but their seconds were timed in two or "
-            "more sittings under different machine load; read the load-adjusted columns for them. To time "
-            f"them in one sitting, move {root / 'runs'} and {root / 'checkpoints'} aside and bench again.")
 
 
 def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RESULTS,
@@ -962,7 +454,7 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
         return json.loads((run_dirs(acfg, seed, method, group[seed])[0] / "evals.json").read_text())
 
     curves = {m: [evals(s, m) for s in seeds] for m in methods}
-    target = _median(list(targets.values()))
+    target = median_of(list(targets.values()))
     learning_curve(curves, target, out_dir / "curves.png")
     if cfg.tracking.enabled:
         from .tracking import log_bench  # noqa: PLC0415

@@ -119,7 +119,7 @@ def compare_benches(a: dict, b: dict, tolerance: float = TOLERANCE) -> dict:
 
 def judged_ratio(verdicts: dict) -> str | None:
     """The time ratio whose agreement decides: the load-adjusted one where both benches have it,
-    as the bench's goals judge it (`dots.bench.goals`); raw seconds where the arms were timed one
+    as the bench's goals judge it (`dots.bench_goals.goals`); raw seconds where the arms were timed one
     after another (a GPU) and there is no load to divide out. The other is still shown and
     flagged."""
     return TIME_RATIOS[1] if TIME_RATIOS[1] in verdicts else (TIME_RATIOS[0] if TIME_RATIOS[0] in verdicts else None)
@@ -156,7 +156,7 @@ def moved_runs(a: dict, b: dict, threshold: float = MOVED) -> list[dict]:
 def sitting_caveats(not_one_sitting: dict) -> list[str]:
     """Lines naming the runs whose seconds a bench did not time in one sitting of its own: read back
     from an earlier bench (`dots.bench.runs_finished_before`: then both benches may hold the very same
-    seconds, and their agreement proves nothing) or resumed from a checkpoint (`dots.bench.runs_resumed`)."""
+    seconds, and their agreement proves nothing) or resumed from a checkpoint (`dots.bench_table.runs_resumed`)."""
     lines = []
     for kind, what in (("read_back", "read back from an earlier bench, not timed by it"),
                        ("resumed", "resumed from a checkpoint, timed in more than one sitting")):

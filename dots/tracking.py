@@ -420,7 +420,7 @@ def log_bench(cfg: Config, result: dict, artifacts: list[Path]) -> str:
     now = int(time.time() * 1000)
     metrics = []
     for method, stats in result["summary"].items():
-        # its ratio to every baseline dots.bench.summarize paired it with (the peers, their and
+        # its ratio to every baseline dots.bench_summary.summarize paired it with (the peers, their and
         # grpo's variants, a variant's own method), read from the summary's keys rather than
         # decided again here, where dots.bench may not be imported (it would join every stage's
         # DVC lineage)

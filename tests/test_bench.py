@@ -16,7 +16,7 @@ import shutil
 import numpy as np
 import pytest
 
-from dots import bench, time_split
+from dots import bench, bench_goals, bench_summary, bench_table, time_split
 from dots.runfiles import crossing
 from dots.config import BENCH_METHODS, BENCH_SEEDS, ConfigError, load_config, with_overrides
 
@@ -119,7 +119,7 @@ def test_bench_flow_writes_summary_table_and_plot(bench_run):
         assert len(c["per_seed"]) == 2  # one value per grpo seed
     for m in METHODS:
         stats = summary["summary"][m]
-        for _, name in bench.RATIOS:
+        for _, name in bench_summary.RATIOS:
             assert name in stats and f"{name}_ci90" in stats, (m, name)
     # the end points and the accuracy at equal seconds, paired by seed from the runs' own curves
     grpo_runs = {r["seed"]: r for r in summary["runs"] if r["method"] == "grpo"}
@@ -246,12 +246,12 @@ def test_a_resumed_run_is_named_beside_the_table(tmp_path):
     rows = [{**_row("grpo", 0, 10.0, 100), "resumed_at": []},
             {**_row("dots_rr", 0, 5.0, 60), "resumed_at": [150]},
             {**_row("dots_rr", 1, 5.0, 60), "resumed_at": [50, 250]}, _row("grpo", 1, 10.0, 100)]
-    resumed = bench.runs_resumed(rows)
+    resumed = bench_table.runs_resumed(rows)
     assert resumed == ["dots_rr seed 0 at step 150", "dots_rr seed 1 at step 50, 250"]
-    note = bench.resumed_note(resumed, len(rows), tmp_path)
+    note = bench_table.resumed_note(resumed, len(rows), tmp_path)
     assert ("Resumed from a checkpoint: 2 of 4 runs (dots_rr seed 0 at step 150; "
             "dots_rr seed 1 at step 50, 250)") in note and str(tmp_path / "checkpoints") in note
-    assert bench.runs_resumed([_row("grpo", 0, 10.0, 100)]) == []  # rows of a bench before resumed_at existed
+    assert bench_table.runs_resumed([_row("grpo", 0, 10.0, 100)]) == []  # rows of a bench before resumed_at existed
 
 
 @pytest.mark.parametrize("seeds, methods, message", [
@@ -324,10 +324,10 @@ def test_the_runs_wall_clock_counts_each_lockstep_group_once():
     arms = ["grpo", "dots_rr"]
     rows = [{**_row(m, s, 10.0, 100), "wall_s": w, "lockstep": arms} for s, m, w in
             [(0, "grpo", 100.0), (0, "dots_rr", 120.0), (1, "grpo", 90.0), (1, "dots_rr", 80.0)]]
-    assert bench.runs_wall_s(rows) == pytest.approx(120.0 + 90.0)  # a seed's group: its longest run
+    assert bench_goals.runs_wall_s(rows) == pytest.approx(120.0 + 90.0)  # a seed's group: its longest run
     alone = [{**_row(m, 0, 10.0, 100), "wall_s": w, "lockstep": None} for m, w in [("grpo", 30.0), ("rr", 40.0)]]
-    assert bench.runs_wall_s(alone) == pytest.approx(70.0)  # one after another (a GPU): each its own
-    assert bench.runs_wall_s([{**_row("grpo", 0, 10.0, 100), "wall_s": None}]) is None
+    assert bench_goals.runs_wall_s(alone) == pytest.approx(70.0)  # one after another (a GPU): each its own
+    assert bench_goals.runs_wall_s([{**_row("grpo", 0, 10.0, 100), "wall_s": None}]) is None
 
 
 def test_a_variant_of_the_selection_params_reuses_the_grpo_and_rr_runs():
@@ -383,7 +383,7 @@ def _row(method, seed, tts, steps, step_s=0.1, rollout=0.05, eff=0.5, tokens=Non
 def test_ratios_are_paired_by_seed_and_a_miss_counts_as_never():
     rows = [_row("grpo", 0, 10.0, 100), _row("grpo", 1, 20.0, 200), _row("grpo", 2, 40.0, 400),
             _row("dots_rr", 0, 4.0, 30), _row("dots_rr", 1, 12.0, 60), _row("dots_rr", 2, None, None)]
-    s = bench.summarize(rows, ["grpo", "dots_rr"])
+    s = bench_summary.summarize(rows, ["grpo", "dots_rr"])
     assert s["dots_rr"]["time_to_target_ratio_per_seed"][:2] == [0.4, 0.6]
     assert s["dots_rr"]["time_to_target_ratio"] == pytest.approx(0.6)  # median of 0.4, 0.6, inf
     assert s["dots_rr"]["reached_target"] == 2
@@ -396,8 +396,8 @@ ROUND = {"round_s": 0.02, "questions": 10240, "ref_size": 256, "dim": 1536, "thr
 def _goals(rows):
     from dots.config import Config
 
-    s = bench.summarize(rows, METHODS)
-    return s, {x["goal"].split(" ")[0]: x for x in bench.goals(s, Config(), ROUND, rows)}
+    s = bench_summary.summarize(rows, METHODS)
+    return s, {x["goal"].split(" ")[0]: x for x in bench_goals.goals(s, Config(), ROUND, rows)}
 
 
 def test_goals_report_where_each_stands():
@@ -431,7 +431,7 @@ def test_goals_report_where_each_stands():
     assert g["Prefect"]["value"] == pytest.approx(0.015)
     assert g["Prefect"]["detail"].endswith(
         "the seed process's start (spawn and imports, the bench's own): 0.040")
-    table = bench.render(rows, s, list(g.values()), METHODS, bench.task_checks(rows))
+    table = bench_table.render(rows, s, list(g.values()), METHODS, bench_goals.task_checks(rows))
     assert "Does the task decide?" in table and "Goals:" in table
     assert table.count("| dots_rr | ") == 3 + 1  # three runs and the median line
 
@@ -451,7 +451,7 @@ def test_the_goals_judge_the_load_adjusted_time_and_show_the_raw_one_beside():
     assert g["dots_rr"]["value"] == pytest.approx(0.45) and g["dots_rr"]["met"]
     assert g["dots_rr"]["detail"].startswith("load-adjusted") and "raw seconds 0.60" in g["dots_rr"]["detail"]
     assert "3 of 3 seeds at or below 0.5" in g["dots_rr"]["detail"]  # the seeds it judges: load-adjusted
-    table = bench.render(rows, s, list(g.values()), METHODS)
+    table = bench_table.render(rows, s, list(g.values()), METHODS)
     assert "| dots_rr | 0 | 6.0 | 3.6 | 40.0 |" in table  # steps read between evaluations: one decimal
     assert "| dots_rr | 0.60 [0.60–0.60] | 0.45 [0.45–0.45] | 0.40 [0.40–0.40] |" in table
     for r in rows:
@@ -496,7 +496,7 @@ def test_dots_informative_share_goal(dots_eff, grpo_eff, share, met):
 def test_token_ratios_are_paired_like_seconds():
     rows = [_row("grpo", 0, 10.0, 100, tokens=100_000), _row("grpo", 1, 20.0, 200, tokens=300_000),
             _row("dots_rr", 0, 8.0, 40, tokens=30_000), _row("dots_rr", 1, 18.0, 120, tokens=60_000)]
-    s = bench.summarize(rows, ["grpo", "dots_rr"])["dots_rr"]
+    s = bench_summary.summarize(rows, ["grpo", "dots_rr"])["dots_rr"]
     assert s["tokens_sampled_ratio_per_seed"] == pytest.approx([0.3, 0.2])
     assert s["tokens_sampled_ratio"] == pytest.approx(0.25)
     assert s["tokens_trained_ratio_per_seed"] == pytest.approx([0.3, 0.2])
@@ -511,40 +511,40 @@ def test_median_interval_contains_the_median_and_is_deterministic():
     import numpy as np
 
     vals = [0.31, 0.52, 0.44, 0.75, 0.48, 0.39, 0.6]
-    ci = bench.median_interval(vals)
-    assert ci == bench.median_interval(vals)  # a fixed bootstrap seed: the same figures every run
+    ci = bench_summary.median_interval(vals)
+    assert ci == bench_summary.median_interval(vals)  # a fixed bootstrap seed: the same figures every run
     lo, hi = ci
     assert min(vals) <= lo <= np.median(vals) <= hi <= max(vals)
     assert lo < hi
     # a wider confidence gives a wider (never narrower) interval
-    lo99, hi99 = bench.median_interval(vals, 0.99)
+    lo99, hi99 = bench_summary.median_interval(vals, 0.99)
     assert lo99 <= lo and hi <= hi99
 
 
 def test_median_interval_of_identical_values_and_edge_cases():
-    assert bench.median_interval([0.7, 0.7, 0.7]) == [0.7, 0.7]
-    assert bench.median_interval([0.42]) == [0.42, 0.42]
-    assert bench.median_interval([]) is None and bench.median_interval([None, None]) is None
-    assert bench.median_interval([None, 0.5, None]) == [0.5, 0.5]  # None is no value, not a miss
+    assert bench_summary.median_interval([0.7, 0.7, 0.7]) == [0.7, 0.7]
+    assert bench_summary.median_interval([0.42]) == [0.42, 0.42]
+    assert bench_summary.median_interval([]) is None and bench_summary.median_interval([None, None]) is None
+    assert bench_summary.median_interval([None, 0.5, None]) == [0.5, 0.5]  # None is no value, not a miss
     inf = float("inf")
-    assert bench.median_interval([inf, inf, inf]) == [inf, inf]
+    assert bench_summary.median_interval([inf, inf, inf]) == [inf, inf]
 
 
 def test_median_interval_ends_at_inf_when_most_seeds_never_reach():
     inf = float("inf")
     for vals in ([0.4, inf, inf, inf, inf], [0.4, 0.5, inf, inf, inf], [0.5, inf]):
-        lo, hi = bench.median_interval(vals)
+        lo, hi = bench_summary.median_interval(vals)
         assert hi == inf, vals
         assert lo <= hi and lo >= 0.4
     # one miss of five: the interval is still finite at the bottom and does not pretend the miss away
-    lo, hi = bench.median_interval([0.3, 0.4, 0.45, 0.5, inf])
+    lo, hi = bench_summary.median_interval([0.3, 0.4, 0.45, 0.5, inf])
     assert 0.3 <= lo <= 0.45 <= hi
 
 
 def test_a_median_interval_bound_is_a_ratio_of_the_data_or_inf():
     inf = float("inf")
     for vals in ([0.4, 0.5, 0.6, inf], [0.4, 0.5, 0.6, 0.7, 0.8, inf]):
-        lo, hi = bench.median_interval(vals)
+        lo, hi = bench_summary.median_interval(vals)
         finite = [v for v in vals if v != inf]
         for bound in (lo, hi):
             assert bound == inf or bound <= max(finite), (vals, lo, hi)
@@ -556,7 +556,7 @@ def test_task_checks_met_when_every_grpo_seed_passes():
     rows = [_row("grpo", 0, 10.0, 100, early=0.3, gain_se=12.0, frontier=0.35),
             _row("grpo", 1, 10.0, 100, early=0.5, gain_se=10.0, frontier=0.25),
             _row("dots", 0, 5.0, 50, early=0.9, gain_se=1.0, frontier=0.0)]  # only grpo is checked
-    checks = bench.task_checks(rows)
+    checks = bench_goals.task_checks(rows)
     assert len(checks) == 3 and all(c["met"] for c in checks), checks
     by_target = {c["target"]: c for c in checks}
     assert by_target["<= 0.5"]["per_seed"] == [0.3, 0.5] and by_target["<= 0.5"]["worst"] == 0.5
@@ -576,13 +576,13 @@ def test_task_checks_not_met_when_one_grpo_seed_fails(field, value, target):
     good = _row("grpo", 0, 10.0, 100)
     bad = _row("grpo", 1, 10.0, 100)
     bad[field] = value
-    checks = {c["target"]: c for c in bench.task_checks([good, bad])}
+    checks = {c["target"]: c for c in bench_goals.task_checks([good, bad])}
     assert not checks[target]["met"], checks[target]
     assert all(c["met"] for t, c in checks.items() if t != target)
 
 
 def test_task_checks_without_grpo_rows_are_not_met():
-    assert not any(c["met"] for c in bench.task_checks([_row("dots", 0, 5.0, 50)]))
+    assert not any(c["met"] for c in bench_goals.task_checks([_row("dots", 0, 5.0, 50)]))
 
 
 # ---- the peer baselines (dapo, greso) ---------------------------------------------------------
@@ -596,18 +596,18 @@ def test_dots_rr_is_paired_with_each_peer_by_seed_and_the_goal_reads_those_ratio
             r.update(rollouts_per_step=150.0, gen_batches=1.5, short_share=0.0,
                      skip_prob=0.2 if r["method"] == "greso" else None)
     methods = ["grpo", "dots_rr", "dapo", "greso"]
-    s = bench.summarize(rows, methods)
+    s = bench_summary.summarize(rows, methods)
     assert s["dots_rr"]["time_to_target_ratio_vs_dapo_per_seed"] == pytest.approx([0.5, 0.5, 0.5])
     assert s["dots_rr"]["time_to_target_ratio_vs_greso_per_seed"] == pytest.approx([1.0, 0.5 / 0.6, 0.5 / 0.6])
     assert s["dapo"]["time_to_target_ratio"] == pytest.approx(1.0)  # still paired with grpo too
     assert s["dots_rr"]["tokens_sampled_ratio_vs_dapo_per_seed"] == pytest.approx([50_000 / 300_000] * 3)
     assert s["dapo"]["rollouts_per_step"] == 150.0 and s["grpo"]["rollouts_per_step"] is None
-    goals = {g["goal"]: g for g in bench.goals(s, __import__("dots.config").config.Config(), None, rows)}
+    goals = {g["goal"]: g for g in bench_goals.goals(s, __import__("dots.config").config.Config(), None, rows)}
     dapo_goal = goals["peer dapo: dots_rr time-to-target / dapo (median over seeds)"]
     greso_goal = goals["peer greso: dots_rr time-to-target / greso (median over seeds)"]
     assert dapo_goal["met"] and dapo_goal["value"] == pytest.approx(0.5)
     assert not greso_goal["met"] and greso_goal["value"] == pytest.approx(0.5 / 0.6)
-    table = bench.render(rows, s, list(goals.values()), methods)
+    table = bench_table.render(rows, s, list(goals.values()), methods)
     assert "Against the peer baselines" in table and "time / dapo" in table and "How the peers sample" in table
     assert table.count("| greso | 1.50 | 150.0 |") == 1  # the sampling table lists only the peers
 
@@ -881,14 +881,14 @@ def test_a_variant_is_paired_with_its_own_method_by_seed_and_gets_its_own_table(
         rows += [_row("grpo", seed, g, 100), _row("dots_rr", seed, d, 80), _row("every4", seed, e, 90)]
     arms = bench.arms(["grpo", "dots_rr"], [v])
     assert arms == ["grpo", "dots_rr", "every4"]
-    s = bench.summarize(rows, arms, [v])
+    s = bench_summary.summarize(rows, arms, [v])
     assert s["every4"]["variant_of"] == "dots_rr" and s["every4"]["overrides"] == ["selection.every=4"]
     assert s["every4"]["time_to_target_ratio_vs_dots_rr_per_seed"] == pytest.approx([0.75, 1.0, 0.75])
     assert s["every4"]["time_to_target_ratio_vs_dots_rr"] == pytest.approx(0.75)
     assert s["every4"]["steps_to_target_ratio_vs_dots_rr"] == pytest.approx(90 / 80)
     assert s["every4"]["time_to_target_ratio"] == pytest.approx(0.9)  # and to grpo, like any arm (0.9, 1.1, 0.825)
     assert "time_to_target_ratio_vs_dots_rr" not in s["dots_rr"]
-    table = bench.render(rows, s, bench.goals(s, Config(), None, rows), arms)
+    table = bench_table.render(rows, s, bench_goals.goals(s, Config(), None, rows), arms)
     line = next(x for x in table.splitlines() if x.startswith("| every4 | dots_rr with selection.every=4 |"))
     assert "0.75 [" in line
 
@@ -907,7 +907,7 @@ def test_end_points_are_paired_by_seed_beside_the_ratios_and_a_variant_says_wher
         for r, end in zip(rows[-3:], (g, d, e)):
             r["final_smoothed"] = end
     arms = bench.arms(["grpo", "dots_rr"], [v])
-    s = bench.summarize(rows, arms, [v])
+    s = bench_summary.summarize(rows, arms, [v])
     assert s["dots_rr"]["end_point_diff_per_seed"] == pytest.approx([0.10, 0.13, 0.09, 0.12])
     assert s["dots_rr"]["end_point_diff"] == pytest.approx(0.11)  # median of the four
     low, high = s["dots_rr"]["end_point_diff_ci90"]
@@ -916,7 +916,7 @@ def test_end_points_are_paired_by_seed_beside_the_ratios_and_a_variant_says_wher
     assert s["d25"]["end_point_diff_vs_dots_rr"] == pytest.approx(-0.01)
     assert s["grpo"]["end_point_diff"] == 0.0 and "end_point_diff_vs_dots_rr" not in s["dots_rr"]
     assert s["dots_rr"]["equal_time_diff"] is None  # rows without curves: no figure at equal time
-    table = bench.render(rows, s, bench.goals(s, Config(), None, rows), arms)
+    table = bench_table.render(rows, s, bench_goals.goals(s, Config(), None, rows), arms)
     medians = table.split("Medians over seeds")[1]
     assert "| final acc | end point − grpo | at equal time − grpo |" in medians
     assert next(x for x in medians.splitlines() if x.startswith("| dots_rr |")).split(" | ")[8].startswith("+0.110 [")
@@ -937,10 +937,10 @@ def test_accuracy_at_equal_time_reads_both_curves_at_the_shorter_runs_last_secon
         slow = _row("dapo", seed, 15.0, 50)  # 0 .. 30 s: at 10 s a third of the way from 0.1 to 0.25
         slow.update(curve_s=[0.0, 15.0, 30.0], curve_smoothed=[0.1, 0.25, slow_end])
         rows += [_row("grpo", seed, 10.0, 100), fast, slow]
-    s = bench.summarize(rows, ["grpo", "dots_rr", "dapo"])
+    s = bench_summary.summarize(rows, ["grpo", "dots_rr", "dapo"])
     assert s["dots_rr"]["equal_time_diff_vs_dapo_per_seed"] == pytest.approx([0.4 - 0.2] * 3)
     assert s["dapo"]["equal_time_diff_per_seed"] == []  # grpo's rows have no curve
-    table = bench.render(rows, s, bench.goals(s, Config(), None, rows), ["grpo", "dots_rr", "dapo"])
+    table = bench_table.render(rows, s, bench_goals.goals(s, Config(), None, rows), ["grpo", "dots_rr", "dapo"])
     peers = table.split("Against the peer baselines")[1].split("How the peers sample")[0]
     assert "| end point − dapo | at equal time − dapo |" in peers
     assert next(x for x in peers.splitlines() if x.startswith("| dots_rr |")).endswith("| +0.200 [+0.200–+0.200] |")
@@ -956,14 +956,14 @@ def test_a_variant_of_grpo_is_a_baseline_every_other_arm_is_compared_with():
     for seed, (g, a, d) in enumerate([(10.0, 16.0, 12.0), (20.0, 30.0, 18.0), (40.0, 60.0, 36.0)]):
         rows += [_row("grpo", seed, g, 100), _row("dots_rr", seed, d, 80), _row("grpo_all", seed, a, 100)]
     arms = bench.arms(["grpo", "dots_rr"], [v])
-    s = bench.summarize(rows, arms, [v])
+    s = bench_summary.summarize(rows, arms, [v])
     assert s["dots_rr"]["time_to_target_ratio_vs_grpo_all_per_seed"] == pytest.approx([0.75, 0.6, 0.6])
     assert s["dots_rr"]["time_to_target_ratio_vs_grpo_all"] == pytest.approx(0.6)
     assert s["dots_rr"]["time_to_target_ratio"] == pytest.approx(0.9)  # to the bench's grpo: 1.2, 0.9, 0.9
     assert s["grpo"]["time_to_target_ratio_vs_grpo_all"] == pytest.approx(1 / 1.5)
     assert "time_to_target_ratio_vs_grpo_all" not in s["grpo_all"]  # not against itself
     assert s["grpo_all"]["time_to_target_ratio_vs_grpo"] == pytest.approx(1.5)  # as any variant, to its method
-    table = bench.render(rows, s, bench.goals(s, Config(), None, rows), arms)
+    table = bench_table.render(rows, s, bench_goals.goals(s, Config(), None, rows), arms)
     section = table.split("Against grpo's variants as baselines")[1]
     assert ("| time / grpo_all | load-adjusted time / grpo_all | tokens sampled / grpo_all "
             "| tokens trained / grpo_all |") in section
@@ -993,14 +993,14 @@ def test_a_variant_of_a_peer_is_a_peer_baseline_every_arm_is_paired_with():
     from dots.config import Config
 
     variants, arms, rows = _peer_variant_bench()
-    assert bench.peer_arms(arms, {v.label: v.method for v in variants}) == ["greso", "greso_lr6e4"]
-    s = bench.summarize(rows, arms, variants)
+    assert bench_summary.peer_arms(arms, {v.label: v.method for v in variants}) == ["greso", "greso_lr6e4"]
+    s = bench_summary.summarize(rows, arms, variants)
     assert s["dots_rr_lr6e4"]["time_to_target_ratio_vs_greso_lr6e4_per_seed"] == pytest.approx([0.75, 0.7, 0.8])
     assert s["dots_rr_lr6e4"]["time_to_target_ratio_vs_greso_per_seed"] == pytest.approx([0.6, 0.7, 0.6])
     assert s["greso_lr6e4"]["time_to_target_ratio_vs_greso"] == pytest.approx(0.8)  # to its own method, once
     assert s["dots_rr"]["time_to_target_ratio_vs_greso_lr6e4"] == pytest.approx(1.125)
     assert "time_to_target_ratio_vs_dots_rr_lr6e4" not in s["greso"]  # a dots_rr variant is no baseline
-    table = bench.render(rows, s, bench.goals(s, Config(), None, rows), arms)
+    table = bench_table.render(rows, s, bench_goals.goals(s, Config(), None, rows), arms)
     section = table.split("Against the peer baselines")[1].split("How the peers sample")[0]
     assert ("| time / greso | load-adjusted time / greso | tokens sampled / greso | tokens trained / greso "
             "| time / greso_lr6e4 |") in section
@@ -1019,7 +1019,7 @@ def test_mlflow_holds_every_ratio_an_arm_was_paired_with_and_no_other(tmp_path, 
 
     monkeypatch.setenv("DOTS_PIPELINE_ID", "bench-test-ratios")
     variants, arms, rows = _peer_variant_bench()
-    summary = bench.summarize(rows, arms, variants)
+    summary = bench_summary.summarize(rows, arms, variants)
     cfg = load_config(None, [f"paths.root={tmp_path / 'art'}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"])
     parent = log_bench(cfg, {"summary": summary, "runs": []}, [])
     client, _ = mlflow_runs(tmp_path / "mlflow.db")
@@ -1052,11 +1052,11 @@ def test_a_grpo_variant_is_a_baseline_against_its_own_end_point():
         vs_own += [_row("grpo", seed, g - 1, 90), _row("dots_rr", seed, d / 2, 40), _row("grpo_all", seed, a, 100)]
     for r in vs_grpo:
         r["final_smoothed"] = 0.49 if r["method"] == "grpo_all" else 0.5 + 0.01 * r["seed"]
-    assert bench.baseline_targets(vs_grpo, [v]) == {"grpo_all": {0: 0.49, 1: 0.49, 2: 0.49}}
-    assert bench.baseline_targets(vs_grpo, []) == {}  # no variant of grpo, no extra target
-    without = bench.summarize(vs_grpo, arms, [v])
+    assert bench_summary.baseline_targets(vs_grpo, [v]) == {"grpo_all": {0: 0.49, 1: 0.49, 2: 0.49}}
+    assert bench_summary.baseline_targets(vs_grpo, []) == {}  # no variant of grpo, no extra target
+    without = bench_summary.summarize(vs_grpo, arms, [v])
     assert without["dots_rr"]["time_to_target_ratio_vs_grpo_all"] is None  # no pair: grpo_all never arrived
-    s = bench.summarize(vs_grpo, arms, [v], {"grpo_all": vs_own})
+    s = bench_summary.summarize(vs_grpo, arms, [v], {"grpo_all": vs_own})
     assert s["dots_rr"]["time_to_target_ratio_vs_grpo_all_per_seed"] == pytest.approx([6 / 16, 9 / 30, 18 / 60])
     assert s["dots_rr"]["steps_to_target_ratio_vs_grpo_all"] == pytest.approx(0.4)
     assert s["grpo"]["time_to_target_ratio_vs_grpo_all"] == pytest.approx(19 / 30)
@@ -1067,9 +1067,9 @@ def test_a_bound_an_ulp_above_the_largest_ratio_is_that_ratio_not_never():
     """Measured (switches bench, 2026-12-01): five finite ratios whose bootstrap upper bound came
     out 1 ulp above the largest, and the table printed it as 'never'."""
     ratios = [1.271974536470274, 1.4484018019590599, 1.405164567880485, 1.4204178644269219, 1.487465944395762]
-    lo, hi = bench.median_interval(ratios)
+    lo, hi = bench_summary.median_interval(ratios)
     assert lo == min(ratios) and hi == max(ratios)
-    assert bench.median_interval([1.0, 2.0, float("inf"), float("inf"), float("inf")])[1] == float("inf")
+    assert bench_summary.median_interval([1.0, 2.0, float("inf"), float("inf"), float("inf")])[1] == float("inf")
 
 
 def test_make_bench_takes_s_style_overrides_and_refuses_a_bad_one_in_one_line(monkeypatch, capsys):

@@ -272,7 +272,7 @@ def test_a_runs_fingerprint_holds_its_own_rate_not_the_other_methods():
 def test_every_method_has_one_row_of_traits_and_the_bench_follows_it():
     """dots.config.TRAITS is the one place a method says what its step does; the bench's list of
     params each method's runs ignore is derived from it, so the two cannot disagree."""
-    from dots import bench
+    from dots import bench, bench_summary
     from dots.config import METHODS, TRAITS
 
     assert set(TRAITS) == set(METHODS)
@@ -281,5 +281,5 @@ def test_every_method_has_one_row_of_traits_and_the_bench_follows_it():
         assert ("selection" in unused) is not traits.selects, method
         assert ("predictor" in unused) is not traits.selects, method
         assert ("replay" in unused) is not traits.replays, method
-        assert {p for p in bench.PEERS if p not in unused} == ({traits.filters} if traits.filters else set()), method
+        assert {p for p in bench_summary.PEERS if p not in unused} == ({traits.filters} if traits.filters else set()), method
     assert TRAITS["dots_rr"].selects and TRAITS["dots_rr"].replays and TRAITS["greso_rr"].filters == "greso"

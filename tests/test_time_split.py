@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dots import bench, time_split
+from dots import bench_goals, bench_summary, bench_table, time_split
 from dots.config import Config
 from dots.runfiles import Crossing
 
@@ -66,16 +66,16 @@ def test_each_part_is_paired_with_grpos_time_by_seed_and_a_miss_is_left_out():
     rows = [_row("grpo", 0, 10.0, 4.0, 6.0), _row("grpo", 1, 20.0, 8.0, 12.0), _row("grpo", 2, 40.0, 16.0, 24.0),
             _row("dots_rr", 0, 6.0, 4.0, 1.5, 0.5), _row("dots_rr", 1, 10.0, 8.0, 1.0, 1.0),
             _row("dots_rr", 2, None, 0, 0)]
-    s = bench.summarize(rows, ["grpo", "dots_rr"])
+    s = bench_summary.summarize(rows, ["grpo", "dots_rr"])
     d = s["dots_rr"]
     assert d["update_time_ratio_per_seed"] == [0.4, 0.4] and d["update_time_ratio"] == pytest.approx(0.4)
     assert d["rollout_time_ratio_per_seed"] == [0.15, 0.05]  # seed 2 never arrived: no split, left out
     assert d["select_time_ratio"] == pytest.approx(0.05) and d["other_time_ratio"] == pytest.approx(0.0)
     assert s["grpo"]["update_time_ratio"] == pytest.approx(0.4) and s["grpo"]["rollout_time_ratio"] == pytest.approx(0.6)
     # the goal names what bounds dots_rr's ratio, and the table gets its section
-    goal = next(g for g in bench.goals(s, Config(), None, rows) if g["goal"].startswith("dots_rr"))
+    goal = next(g for g in bench_goals.goals(s, Config(), None, rows) if g["goal"].startswith("dots_rr"))
     assert "its update alone 0.40 of grpo's time" in goal["detail"]
-    table = "\n".join(time_split.render(s, ["grpo", "dots_rr"], lambda v: bench._f(v, ".2f")))
+    table = "\n".join(time_split.render(s, ["grpo", "dots_rr"], lambda v: bench_table.fmt(v, ".2f")))
     assert "Where the time to target goes" in table
     assert "| grpo | 0.60 | 0.40 | 0.00 | 0.00 | 1.00 |" in table
     assert "| dots_rr | 0.10 | 0.40 | 0.05 | 0.00 | 0.60 |" in table
@@ -86,8 +86,8 @@ def test_rows_without_a_split_leave_the_table_and_the_goal_as_they_were():
     for r in rows:
         for p in time_split.PARTS:
             r[f"{p}_to_target_s"] = None  # read back from a bench written before the split was kept
-    s = bench.summarize(rows, ["grpo", "dots_rr"])
+    s = bench_summary.summarize(rows, ["grpo", "dots_rr"])
     assert s["dots_rr"]["update_time_ratio"] is None
-    assert time_split.render(s, ["grpo", "dots_rr"], lambda v: bench._f(v, ".2f")) == []
-    goal = next(g for g in bench.goals(s, Config(), None, rows) if g["goal"].startswith("dots_rr"))
+    assert time_split.render(s, ["grpo", "dots_rr"], lambda v: bench_table.fmt(v, ".2f")) == []
+    goal = next(g for g in bench_goals.goals(s, Config(), None, rows) if g["goal"].startswith("dots_rr"))
     assert "update alone" not in goal["detail"]
