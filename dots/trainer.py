@@ -31,6 +31,7 @@ over *all* groups by scaling — the gradient is the same, the cost is not.
 from __future__ import annotations
 
 import copy
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -41,7 +42,8 @@ import numpy as np
 import torch
 
 from .determinism import setup_from_config
-from .checkpoints import CHECKPOINT, load_checkpoint, save_checkpoint
+from .checkpoints import (CHECKPOINT, SET_ASIDE_KEPT, furthest_set_aside, load_checkpoint, load_tensors,
+                          prune_set_asides, save_checkpoint, set_aside_path)
 from .config import TRAITS, Config
 from .data import Question
 from .distributed import rank_generator, setup
@@ -138,11 +140,14 @@ class Trainer:
         # steps at which this run went on from a checkpoint: its seconds before and after each were
         # timed in different sittings, under different machine load (the bench says so)
         self.resumed_at: list[int] = []
+        self._moves: list[tuple[Path, Path]] = []  # checkpoints set aside or taken back (`_resume_state`)
         if resume:
             self._restore()
         elif self.dist.main:
             (self.checkpoint_dir / CHECKPOINT).unlink(missing_ok=True)  # starting over: drop the old run's state
         self.dist.barrier()  # every rank has read the checkpoint before rank 0 may replace it
+        if self.dist.main:
+            self._move_checkpoints()
 
     # ---- rollouts --------------------------------------------------------------------------
     @contextmanager
@@ -533,33 +538,64 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             set_optimizer_state_dict(self.model, self.opt, opt_state, options=StateDictOptions(full_state_dict=True))
 
-    def _set_aside(self, state: dict, tag: str, why: str) -> None:
-        """Start over without losing the checkpoint this run cannot resume: it moves beside its
-        successor as checkpoint.<tag>.pt."""
-        kept = self.checkpoint_dir / f"checkpoint.{tag}.pt"
-        if self.dist.main:
-            (self.checkpoint_dir / CHECKPOINT).replace(kept)
-        say(f"{self.checkpoint_dir}: checkpoint (step {state['step']}) {why}; starting over, old state kept "
-            f"as {kept.name}")
-
-    def _restore(self) -> None:
+    def _resume_state(self) -> dict | None:
+        """The state this run goes on from, or None to start over. Its checkpoint.pt when that is
+        this run's (the same params and warm-up policy, not past `train.steps`); a checkpoint of
+        this run set aside earlier when that got further (params changed and changed back, a
+        shorter budget and then the longer one again); else None. A checkpoint.pt that is not the
+        one to go on from is set aside under its run's key (`checkpoints.set_aside_path`), never
+        lost. The files move once every rank has read them (`_move_checkpoints`)."""
         state = load_checkpoint(self.checkpoint_dir)
-        if state is None:
-            return
-        if state["method"] != self.method:
+        if state is not None and state["method"] != self.method:
             raise ValueError(f"{self.checkpoint_dir / CHECKPOINT}: checkpoint is for method {state['method']!r}, "
                              f"not {self.method!r}")
-        if state.get("fingerprint") != self._run_fingerprint():
-            # Resuming would mix two runs: start over, but keep the old state aside rather than lose it.
-            self._set_aside(state, f"stale-{state.get('fingerprint', 'unknown').replace(':', '-')}",
-                            "was made with other params or another warm-up policy")
-            return
-        if state["step"] > self.cfg.train.steps:
+        mine, budget = self._run_fingerprint(), self.cfg.train.steps
+        why = None
+        if state is not None and state.get("fingerprint") != mine:  # resuming would mix two runs
+            why = "was made with other params or another warm-up policy"
+        elif state is not None and state["step"] > budget:
             # a shorter budget than the checkpoint's (`train.steps=240` after a 300-step run): resuming
             # returned the 300-step policy as the 240-step run's, which dvc.lock then recorded as such
-            self._set_aside(state, f"step{state['step']}",
-                            f"is past this run's train.steps ({self.cfg.train.steps}), and its step "
-                            f"{self.cfg.train.steps} is not kept")
+            why = f"is past this run's train.steps ({budget}), and its step {budget} is not kept"
+        aside = self.dist.decide(lambda: furthest_set_aside(self.checkpoint_dir, mine, budget))
+        if aside is not None and state is not None and why is None:
+            if aside.step <= state["step"]:
+                aside = None
+            else:
+                why = f"is behind {aside.path.name} (step {aside.step}), which this run set aside earlier"
+        where = self.checkpoint_dir
+        if why:
+            kept = set_aside_path(where, state.get("fingerprint", "unknown"), state["step"])
+            self._moves.append((where / CHECKPOINT, kept))
+            over = "starting over, " if aside is None else ""
+            say(f"{where}: checkpoint (step {state['step']}) {why}; {over}old state kept as {kept.name}")
+        if aside is None:
+            return None if why else state
+        taken = load_tensors(aside.path, "checkpoint")
+        if taken.get("method") != self.method or taken.get("fingerprint") != mine:
+            raise ValueError(f"{aside.path}: its name says it is this {self.method} run's state, and it "
+                             f"holds another's ({taken.get('method')!r}); delete it or rename it")
+        self._moves.append((aside.path, where / CHECKPOINT))
+        say(f"{where}: going on from {aside.path.name} (step {aside.step}), set aside earlier by a run with "
+            "these params")
+        return taken
+
+    def _move_checkpoints(self) -> None:
+        """Rank 0, once every rank has read the checkpoints: set aside and take back the files
+        `_resume_state` chose, then keep the newest `SET_ASIDE_KEPT` set-aside ones."""
+        for src, dst in self._moves:
+            src.replace(dst)
+            if dst.name != CHECKPOINT:
+                os.utime(dst)  # set aside now: the newest, whenever it was written
+        if not self._moves:
+            return
+        for line in prune_set_asides(self.checkpoint_dir):
+            say(f"{self.checkpoint_dir}: removed {line}, the oldest set-aside checkpoint: at most "
+                f"{SET_ASIDE_KEPT} are kept")
+
+    def _restore(self) -> None:
+        state = self._resume_state()
+        if state is None:
             return
         if self.sharded:
             self._load_full_states(state["model"], state["optimizer"])

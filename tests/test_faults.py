@@ -41,7 +41,7 @@ import pytest
 import torch
 
 from dots import reliability
-from dots.checkpoints import UnsafeFileError, load_tensors
+from dots.checkpoints import UnsafeFileError, load_tensors, run_key
 
 from .conftest import REPO, default_params, tiny_overrides
 
@@ -406,7 +406,8 @@ BAD = [
     ("checkpoint: torn", "train", [], _checkpoint("torn"), ["checkpoint.pt", "not a readable checkpoint"]),
     ("checkpoint: another method", "train", [], _checkpoint("another method"), ["checkpoint.pt", "'grpo'"]),
     ("checkpoint: other params (set aside)", "train", ["train.steps=1", "eval.every=1"],
-     _checkpoint("other params"), ["other params", "checkpoint.stale-other-params.pt"]),
+     _checkpoint("other params"),
+     ["other params", f"old state kept as checkpoint.{run_key('other-params')}.step5.pt"]),
 ]
 
 

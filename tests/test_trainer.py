@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dots import stages
+from dots.checkpoints import SET_ASIDE_KEPT, run_key, set_aside_path, set_asides
 from dots.models import load_policy
 from dots.trainer import Trainer, time_to_target
 
@@ -234,15 +235,27 @@ def test_kl_and_group_scaling_variant_trains(tiny_pipeline, pipeline_data, tmp_p
         assert torch.equal(ref[k], v), k
 
 
-def test_a_checkpoint_made_with_other_params_is_not_resumed_but_kept(tiny_pipeline, pipeline_data, tmp_path):
+def _set_aside(run_dir) -> dict[int, set[str]]:
+    """The set-aside checkpoints of a run folder: {step: {run key, ...}}."""
+    out: dict[int, set[str]] = {}
+    for a in set_asides(run_dir):
+        out.setdefault(a.step, set()).add(a.path.name.split(".")[1])
+    return out
+
+
+def test_a_checkpoint_made_with_other_params_is_not_resumed_but_kept(tiny_pipeline, pipeline_data, tmp_path,
+                                                                     capsys):
     extra = ("train.steps=2", "train.checkpoint_every=1", "eval.every=2")
     _, trainer = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", *extra)
     trainer.run(stop_after=1)
+    capsys.readouterr()
     _, other = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", *extra, "train.lr=0.002",
                         resume=True)
     assert other.step == 0 and other.records == []  # started over: two runs are never mixed
-    kept = list((tmp_path / "run").glob("checkpoint.stale-*.pt"))
-    assert len(kept) == 1 and torch.load(kept[0], weights_only=False)["step"] == 1  # nothing lost
+    kept = set_aside_path(tmp_path / "run", trainer._run_fingerprint(), 1)
+    assert torch.load(kept, weights_only=False)["step"] == 1  # nothing lost, named by its run and step
+    assert f"other params or another warm-up policy; starting over, old state kept as {kept.name}" in \
+        capsys.readouterr().out
     other.run(stop_after=1)  # its own checkpoint replaces the moved one
     # a longer budget is the same run continued
     _, longer = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", "train.steps=3",
@@ -250,23 +263,73 @@ def test_a_checkpoint_made_with_other_params_is_not_resumed_but_kept(tiny_pipeli
     assert longer.step == 1
 
 
+def test_params_changed_back_go_on_from_their_set_aside_checkpoint(tiny_pipeline, pipeline_data, tmp_path,
+                                                                    capsys):
+    """A params change reverted: the first run goes on from where it was set aside instead of
+    starting over (on the GPU profile, hours), and ends as the run never interrupted does."""
+    extra = ("train.steps=4", "train.checkpoint_every=1", "eval.every=2")
+    _, whole = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "whole", *extra)
+    full = whole.run()
+    _, first = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", *extra)
+    first.run(stop_after=2)
+    _, other = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", *extra, "train.lr=0.002",
+                        resume=True)
+    other.run(stop_after=1)
+    capsys.readouterr()
+    _, back = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", *extra, resume=True)
+    out = capsys.readouterr().out
+    assert back.step == 2  # not 0
+    mine, theirs = set_aside_path(tmp_path / "run", first._run_fingerprint(), 2), \
+        set_aside_path(tmp_path / "run", other._run_fingerprint(), 1)
+    assert f"going on from {mine.name} (step 2), set aside earlier by a run with these params" in out
+    assert f"old state kept as {theirs.name}" in out
+    assert not mine.exists() and torch.load(theirs, weights_only=False)["step"] == 1  # swapped, nothing lost
+    resumed = back.run()
+    assert [r["train/loss"] for r in resumed.records] == [r["train/loss"] for r in full.records]
+    assert [e["accuracy"] for e in resumed.evals] == [e["accuracy"] for e in full.evals]
+    assert resumed.resumed_at == [2]
+
+
 def test_a_checkpoint_past_a_shorter_budget_is_not_resumed_but_kept(tiny_pipeline, pipeline_data, tmp_path):
     """`train.steps=2` after a 3-step run: resuming returned the 3-step policy, records and
-    evaluations as the 2-step run's (and the DVC stage recorded them under train.steps 2)."""
+    evaluations as the 2-step run's (and the DVC stage recorded them under train.steps 2). The
+    3-step budget again goes on from the 3-step state, set aside meanwhile."""
     extra = ("train.checkpoint_every=1", "eval.every=1")
     _, full = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", "train.steps=3", *extra)
     full.run()
     _, shorter = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", "train.steps=2", *extra,
                           resume=True)
     assert shorter.step == 0 and shorter.records == []  # started over
-    kept = tmp_path / "run" / "checkpoint.step3.pt"
+    kept = set_aside_path(tmp_path / "run", full._run_fingerprint(), 3)
     assert torch.load(kept, weights_only=False)["step"] == 3  # nothing lost
     result = shorter.run()
     assert [r["step"] for r in result.records] == [1, 2] and shorter.step == 2
-    # the same budget again, or a longer one, resumes as before
+    # the same budget again resumes as before
     _, again = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", "train.steps=2", *extra,
                         resume=True)
     assert again.step == 2
+    # the longer budget again: the 3-step state, not 2 steps on from the 2-step one
+    _, longer = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", "train.steps=3", *extra,
+                         resume=True)
+    assert longer.step == 3 and not kept.exists()
+    assert _set_aside(tmp_path / "run") == {2: {run_key(full._run_fingerprint())}}
+
+
+def test_at_most_two_set_aside_checkpoints_are_kept(tiny_pipeline, pipeline_data, tmp_path, capsys):
+    """Every params change sets a checkpoint aside (about 9 GB on the GPU profile): the newest
+    SET_ASIDE_KEPT stay, an older one is removed with a line naming it."""
+    extra = ("train.steps=2", "train.checkpoint_every=1", "eval.every=2")
+    keys = []
+    for lr in ("0.001", "0.002", "0.003", "0.004"):
+        _, t = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", *extra, f"train.lr={lr}",
+                        resume=True)
+        t.run(stop_after=1)
+        keys.append(run_key(t._run_fingerprint()))
+    out = capsys.readouterr().out
+    assert SET_ASIDE_KEPT == 2 and _set_aside(tmp_path / "run") == {1: {keys[1], keys[2]}}
+    assert f"removed checkpoint.{keys[0]}.step1.pt (step 1, set aside " in out
+    assert "the oldest set-aside checkpoint: at most 2 are kept" in out
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["step"] == 1  # lr 0.004's own
 
 
 # ---- smoothing: one noisy evaluation can neither set the target nor reach it ------------------
