@@ -19,6 +19,7 @@ from prefect.runtime import flow_run
 
 from dots import versioning
 from dots.config import load_config
+from dots.pipeline_status import pipeline_runs_ended
 from tasks import stages
 
 
@@ -51,11 +52,12 @@ def pipeline(repo: str = ".", overrides: list[str] | None = None, remote: str | 
     with workspace(repo, "dots-pipeline"), versioning.params_overridden(overrides, repo):
         cfg = load_config(Path(repo) / "params.yaml")
         env = run_env()
-        version = prepare_models(repo, env, remote)
-        for method in cfg.train.methods:
-            stages.train(repo, method, env)
-            stages.evaluate(repo, method, env)
-        stages.compare(repo, env)
+        with pipeline_runs_ended(cfg, env["DOTS_PIPELINE_ID"], repo):  # failed: its MLflow runs say so
+            version = prepare_models(repo, env, remote)
+            for method in cfg.train.methods:
+                stages.train(repo, method, env)
+                stages.evaluate(repo, method, env)
+            stages.compare(repo, env)
     get_run_logger().info("pipeline done: data %s, methods %s", version, cfg.train.methods)
     return json.loads((Path(repo) / cfg.paths.root / "compare" / "comparison.json").read_text())
 

@@ -11,6 +11,7 @@ from prefect import flow
 
 from dots import versioning
 from dots.config import load_config
+from dots.pipeline_status import pipeline_runs_ended
 from flows.pipeline import prepare_models, run_env, workspace
 from tasks import stages
 
@@ -25,9 +26,10 @@ def train_run(method: str = "dots_rr", repo: str = ".", overrides: list[str] | N
             raise ValueError(f"method {method!r}: the DVC train stages run train.methods={cfg.train.methods}; "
                              f"add it there (overrides=['train.methods=[...,{method}]'])")
         env = run_env()
-        prepare_models(repo, env)
-        stages.train(repo, method, env)
-        stages.evaluate(repo, method, env)
+        with pipeline_runs_ended(cfg, env["DOTS_PIPELINE_ID"], repo):  # no compare stage ends its parent run
+            prepare_models(repo, env)
+            stages.train(repo, method, env)
+            stages.evaluate(repo, method, env)
     return json.loads((Path(repo) / cfg.paths.root / "runs" / method / "summary.json").read_text())
 
 
