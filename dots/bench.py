@@ -60,6 +60,7 @@ from .bench_summary import CONFIDENCE, PEER_FIGURES, PEERS, Variant, baseline_ta
 from .bench_table import read_back_note, render, resumed_note, runs_resumed
 from .config import BENCH_METHODS, METHODS, TRAITS, Config, ConfigError, with_overrides
 from .machine_load import adjusted_seconds, round_loads
+from .pipeline_status import pipeline_runs_ended
 from .progress import say
 from .runfiles import Crossing, crossing, final_smoothed, json_safe, smoothed, step_seconds
 from .workspace_lock import exclusive
@@ -530,8 +531,10 @@ def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, o
         tag = "".join(f"+{v.label}:{','.join(v.overrides)}" for v in variants)
         os.environ["DOTS_PIPELINE_ID"] = f"bench-{cfg.fingerprint(BENCH_EXCLUDE)}-{git_commit()[:12]}" + (
             f"-{hashlib.sha256(tag.encode()).hexdigest()[:8]}" if tag else "")
-    # a second bench of this workspace waits: two would train the same run folders at once
-    with exclusive(cfg.root, f"bench of seeds {' '.join(map(str, seeds))} ({' '.join(all_arms)})"):
+    # a second bench of this workspace waits: two would train the same run folders at once; a bench
+    # that fails marks its MLflow parent FAILED (it stayed RUNNING), a bench run again finishes it
+    with exclusive(cfg.root, f"bench of seeds {' '.join(map(str, seeds))} ({' '.join(all_arms)})"), \
+            pipeline_runs_ended(cfg, os.environ.get("DOTS_PIPELINE_ID", "")):
         start, began = time.perf_counter(), time.time()  # after any wait: its seconds are not the bench's
         (shared or prepare_shared)(cfg)
         order = run_order(all_arms, seeds)

@@ -7,9 +7,10 @@ that fails stops before it: their parent runs, and the training run of a stage t
 stayed RUNNING in the MLflow UI for good, beside the runs that are running. The flow knows how
 it ended; the stages, separate processes, do not.
 
-Only the flows import this module (no DVC stage reaches it): ending runs is the orchestrator's
-job, and a `dots` command run by hand leaves its pipeline's parent open for the next stage of
-the same pipeline (its id is the config's and the commit's), as before.
+Only the flows and the bench import this module (no DVC stage reaches it): ending runs is the
+orchestrator's job, and a `dots` command run by hand leaves its pipeline's parent open for the
+next stage of the same pipeline (its id is the config's and the commit's), as before. The bench
+(`dots bench`, `make bench`) is its own orchestrator: it ends its runs the same way.
 """
 
 from __future__ import annotations

@@ -98,10 +98,10 @@ def _fake_stages(monkeypatch, fail_at: str | None = None) -> None:
     monkeypatch.setattr(train_flow, "run_env", lambda: {"DOTS_PIPELINE_ID": "prefect-flow1"})
 
 
-def _runs(repo: Path) -> dict[str, str]:
+def _runs(repo: Path, store: Path | None = None) -> dict[str, str]:
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{repo / 'artifacts' / 'mlflow.db'}")
+    client = MlflowClient(f"sqlite:///{store or repo / 'artifacts' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("status-test")
     return {r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id])}
 
@@ -143,3 +143,26 @@ def test_a_store_gone_at_the_end_is_one_line_not_the_flows_error(tmp_path, monke
     train_run.fn(method="grpo", repo=str(repo))  # completes
     assert ("tracking: could not end the MLflow runs of prefect-flow1 (MLflow tracking server "
             "http://mlflow:5000 unreachable); they stay RUNNING in the MLflow UI") in capsys.readouterr().out
+
+
+def test_a_failed_bench_fails_its_parent_run(tmp_path, monkeypatch):
+    """`dots bench` and `make bench` end their runs too: a seed that failed left the bench's parent
+    and its own training run RUNNING."""
+    from dots import bench
+    from dots.tracking import Tracker
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DOTS_PIPELINE_ID", "bench-status-test")
+    cfg = load_config(None, ["paths.root=artifacts", "tracking.experiment=status-test"])
+
+    def seed_fails(cfg, seed, arms, variants):  # what a seed's process leaves when it dies mid-run
+        tracker = Tracker(cfg)
+        tracker.parent()
+        tracker.child("grpo", seed)
+        raise RuntimeError("seed 0 failed")
+
+    with pytest.raises(RuntimeError, match="seed 0 failed"):
+        bench.run_bench(bench.bench_config(cfg), [0], ["grpo"], tmp_path / "out", runner=seed_fails,
+                        shared=lambda c: {})
+    store = tmp_path / "artifacts" / "bench" / "mlflow.db"  # the bench's own workspace
+    assert _runs(tmp_path, store) == {"pipeline-tus-test": "FAILED", "grpo/seed0": "FAILED"}
