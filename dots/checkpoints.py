@@ -34,7 +34,7 @@ import torch
 from .atomic import atomic_path
 
 CHECKPOINT = "checkpoint.pt"
-SET_ASIDE_KEPT = 2  # set-aside checkpoints kept per run folder, the newest; older ones are removed, named
+SET_ASIDE_KEPT = 2  # set-aside checkpoints kept per run folder: the ones set aside last; older ones removed
 _SET_ASIDE = re.compile(r"checkpoint\.(?P<key>[0-9a-f]{16})\.step(?P<step>\d+)\.pt")
 
 

@@ -574,7 +574,8 @@ class Trainer:
         taken = load_tensors(aside.path, "checkpoint")
         if taken.get("method") != self.method or taken.get("fingerprint") != mine:
             raise ValueError(f"{aside.path}: its name says it is this {self.method} run's state, and it "
-                             f"holds another's ({taken.get('method')!r}); delete it or rename it")
+                             f"holds another run's (method {taken.get('method')!r}, other params); delete it "
+                             "or rename it")
         self._moves.append((aside.path, where / CHECKPOINT))
         say(f"{where}: going on from {aside.path.name} (step {aside.step}), set aside earlier by a run with "
             "these params")

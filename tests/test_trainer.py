@@ -290,6 +290,21 @@ def test_params_changed_back_go_on_from_their_set_aside_checkpoint(tiny_pipeline
     assert resumed.resumed_at == [2]
 
 
+def test_a_set_aside_checkpoint_named_for_another_run_is_refused_by_name(tiny_pipeline, pipeline_data,
+                                                                        tmp_path):
+    """A file renamed by hand to this run's key and step is not loaded as this run's state."""
+    extra = ("train.steps=2", "train.checkpoint_every=1", "eval.every=2")
+    _, other = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", *extra, "train.lr=0.002")
+    other.run(stop_after=1)
+    _, mine = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "other", *extra)
+    fake = set_aside_path(tmp_path / "run", mine._run_fingerprint(), 1)
+    (tmp_path / "run" / "checkpoint.pt").rename(fake)
+    with pytest.raises(ValueError, match=rf"{fake.name}: its name says it is this grpo run's state, and it "
+                                         r"holds another run's \(method 'grpo', other params\)"):
+        _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", *extra, resume=True)
+    assert fake.exists()  # nothing moved
+
+
 def test_a_checkpoint_past_a_shorter_budget_is_not_resumed_but_kept(tiny_pipeline, pipeline_data, tmp_path):
     """`train.steps=2` after a 3-step run: resuming returned the 3-step policy, records and
     evaluations as the 2-step run's (and the DVC stage recorded them under train.steps 2). The
