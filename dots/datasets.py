@@ -398,6 +398,26 @@ def load_pool(spec: DatasetSpec | dict[str, Any] | str | os.PathLike, *, reward:
     return questions
 
 
+def drop_repeats(questions: list[Question]) -> tuple[list[Question], list[dict]]:
+    """The questions without the rows that repeat an earlier row's question (the same text up to
+    whitespace), and one ``{"id", "first_id", "other_answer"}`` per row left out. Why: the held-out
+    set is split from the same rows as the pool, and a question in both is not held out (150 of
+    DeepScaleR's 10,240 rows repeat an earlier row's question; 12 of the GPU profile's 512 held-out
+    questions were in its pool). The first row's ground truth is kept; `other_answer`: the left-out
+    row's is written otherwise (the same value or not)."""
+    first: dict[str, Question] = {}
+    kept, repeats = [], []
+    for q in questions:
+        key = " ".join(q.prompt.split())
+        if key in first:
+            earlier = first[key]
+            repeats.append({"id": q.id, "first_id": earlier.id, "other_answer": q.answer != earlier.answer})
+        else:
+            first[key] = q
+            kept.append(q)
+    return kept, repeats
+
+
 def dataset_version(questions: Iterable[Question]) -> str:
     """Content hash of a pool (ids, prompts, answers, in order): the `data_version` tag of a run, and
     what an embedding cache is valid for. Same as :func:`dots.data.pool_hash`, so the two never disagree."""

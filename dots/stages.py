@@ -95,13 +95,24 @@ def _write_json(path: Path, obj) -> None:
     write_text(path, json.dumps(json_safe(obj), indent=1))
 
 
-def split_dataset(cfg: Config, dropped: list[dict] | None = None) -> tuple[list[Question], list[Question]]:
+def split_dataset(cfg: Config, dropped: list[dict] | None = None,
+                  repeats: list[dict] | None = None) -> tuple[list[Question], list[Question]]:
     """A dataset's rows, validated (ground truths with the configured reward's parser), split by the
     task seed into pool and held-out set; rows dropped under task.dataset.unparseable=drop are
-    appended to `dropped`."""
-    from .datasets import load_pool  # noqa: PLC0415
+    appended to `dropped`, rows that repeat an earlier row's question (`drop_repeats`: held out
+    means held out) to `repeats`."""
+    from .datasets import drop_repeats, load_pool  # noqa: PLC0415
 
     rows = load_pool(cfg.task.dataset, reward=cfg.reward.name, timeout_s=cfg.reward.timeout_s, dropped=dropped)
+    rows, repeated = drop_repeats(rows)
+    if repeated:
+        ids = ", ".join(str(r["id"]) for r in repeated[:10]) + (", ..." if len(repeated) > 10 else "")
+        other = sum(r["other_answer"] for r in repeated)
+        say(f"prepare: dropped {len(repeated)} row{'s' if len(repeated) != 1 else ''} repeating an earlier "
+            f"row's question (ids {ids}; {other} with another ground truth, the earlier row's kept), so "
+            "that no held-out question is also in the pool")
+        if repeats is not None:
+            repeats.extend(repeated)
     if cfg.task.eval_size >= len(rows):
         raise ValueError(f"task.eval_size: must be < the dataset's {len(rows)} rows; got {cfg.task.eval_size}")
     order = np.random.default_rng(cfg.task.seed).permutation(len(rows))
@@ -112,7 +123,8 @@ def split_dataset(cfg: Config, dropped: list[dict] | None = None) -> tuple[list[
 
 def prepare(cfg: Config) -> dict:
     dropped: list[dict] = []
-    pool, held = split_dataset(cfg, dropped) if cfg.task.source == "dataset" else generate(cfg.task)
+    repeats: list[dict] = []
+    pool, held = split_dataset(cfg, dropped, repeats) if cfg.task.source == "dataset" else generate(cfg.task)
     if len(pool) < max(cfg.selection.ref_size, cfg.train.batch_size, cfg.label.num_questions):
         raise ValueError(f"task: the pool has {len(pool)} questions, fewer than selection.ref_size, "
                          "train.batch_size or label.num_questions ask for")
@@ -124,6 +136,9 @@ def prepare(cfg: Config) -> dict:
     info = {"pool": len(pool), "eval": len(held)}
     if dropped:  # task.dataset.unparseable=drop: rows whose ground truth the reward cannot read
         info["dropped"] = {"rows": len(dropped), "ids": [d["id"] for d in dropped]}
+    if repeats:  # rows repeating an earlier row's question: left out of both pool and held-out set
+        info["repeats"] = {"rows": len(repeats), "ids": [r["id"] for r in repeats],
+                           "other_answer": [r["id"] for r in repeats if r["other_answer"]]}
     return info
 
 

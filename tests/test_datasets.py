@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dots.data import Question
-from dots.datasets import DatasetError, DatasetSpec, dataset_version, load_pool
+from dots.datasets import DatasetError, DatasetSpec, dataset_version, drop_repeats, load_pool
 
 from .conftest import SHARED_DATA, require_shared
 
@@ -333,6 +333,37 @@ def test_the_prepare_stage_checks_with_the_configured_reward_and_reports_drops(t
     assert info == {"pool": 166, "eval": 32, "dropped": {"rows": 2, "ids": [107, 250]}}
     pool, held = stages.load_data(cfg)
     assert {q.id for q in pool + held}.isdisjoint({107, 250}) and len(pool + held) == 198
+
+
+def test_a_question_repeated_in_the_file_is_never_both_held_out_and_in_the_pool(tmp_path, capsys):
+    """Rows that repeat an earlier row's question (up to whitespace; one with another ground truth) are
+    left out before the split, named on a line and in the stage's info: without that, a seed that puts
+    one copy in the held-out set and the other in the pool tests the policy on a question it trained on."""
+    from dots import stages
+    from dots.config import load_config
+
+    from .test_cli import SMALL
+
+    rows = [{"qid": 100 + i, "q": f"question {i}?", "a": str(i)} for i in range(200)]
+    for k, (src, text, answer) in enumerate([(3, "question  3?", "3"), (5, " question 5? ", "55"),
+                                             (3, "question 3?", "3")]):
+        rows[40 + 50 * k] = {"qid": rows[40 + 50 * k]["qid"], "q": text, "a": answer}
+    path = write_jsonl(tmp_path / "repeats.jsonl", rows)
+    spec = {"path": str(path), "question": "q", "answer": "a", "id": "qid"}
+    kept, repeats = drop_repeats(load_pool(spec))
+    assert repeats == [{"id": 140, "first_id": 103, "other_answer": False},
+                       {"id": 190, "first_id": 105, "other_answer": True},
+                       {"id": 240, "first_id": 103, "other_answer": False}]
+    assert len(kept) == 197 and {q.id for q in kept}.isdisjoint({140, 190, 240})
+    cfg = load_config(None, SMALL + [f"paths.root={tmp_path / 'artifacts'}", "task.source=dataset",
+                                     f"task.dataset={json.dumps(spec)}", "task.eval_size=32"])
+    info = stages.prepare(cfg)
+    assert info["repeats"] == {"rows": 3, "ids": [140, 190, 240], "other_answer": [190]}
+    assert info["pool"] + info["eval"] == 197
+    assert "dropped 3 rows repeating an earlier row's question (ids 140, 190, 240; 1 with another" in \
+        capsys.readouterr().out
+    pool, held = stages.load_data(cfg)
+    assert {" ".join(q.prompt.split()) for q in pool}.isdisjoint(" ".join(q.prompt.split()) for q in held)
 
 
 def test_deepscaler_ground_truths_math_verify_cannot_parse(capsys):
