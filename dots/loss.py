@@ -124,6 +124,15 @@ def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.
     if shared_prompts and supports(model):
         hidden = shared_prompt_hidden(model, batch.input_ids, batch.attention_mask, batch.position_ids,
                                       batch.prompt_width)
+    elif _sharded(model):
+        # FSDP2 gathers the root's parameters (embeddings, final norm, lm_head) in the root's forward:
+        # `model.base_model` alone would meet them still sharded (DTensor) and fail. The root's forward
+        # with every layer's hidden states, logits of one position only; its head stays gathered until
+        # the backward (`dots.sharding`: reshard_after_forward=False on the root).
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids, use_cache=False, output_hidden_states=True,
+                    logits_to_keep=1)
+        hidden = out.hidden_states[-1][:, -length - 1:-1]
     else:
         out = model.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                position_ids=batch.position_ids, use_cache=False)
@@ -135,6 +144,13 @@ def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.
     logp = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device)
     logp[mask] = picked
     return logp
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    """True for a model `dots.sharding.shard_model` sharded with FSDP2."""
+    from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415  (torch.distributed only when asked)
+
+    return isinstance(model, FSDPModule)
 
 
 def _upcast(logits: torch.Tensor) -> torch.Tensor:
@@ -186,7 +202,8 @@ def grpo_loss(logprobs: torch.Tensor, batch: Batch, clip_eps: float = 0.2, beta:
     if beta > 0:
         if ref_logprobs is None:
             raise ValueError("loss.beta > 0 needs reference log-probs")
-        d = ref_logprobs - logprobs
+        d = (ref_logprobs - logprobs) * mask  # masked before exp, as the ratio: a padding position's
+        # log-probs are arbitrary, and exp of a large one is inf, and inf * 0 a NaN loss
         per_token = per_token - beta * (torch.exp(d) - d - 1)  # k3 estimator of KL(π_θ || π_ref)
     lengths = mask.sum(-1).clamp(min=1)
     per_row = (per_token * mask).sum(-1) / lengths

@@ -24,14 +24,18 @@ from dots.update import update_on_groups
 
 OVERRIDES = ["train.lr=1e-3", "train.max_grad_norm=0.5", "loss.clip_eps=0.2", "rollout.temperature=1.0"]
 BUDGETS = (None, 40)  # one batch; micro-batches of at most 40 padded tokens (a few rows each)
+# log-probs from the full logits, and from the final hidden states 16 response tokens at a time (the
+# path every GPU-profile micro-batch takes: its train.logprob_chunk_tokens is 2,048)
+CHUNKS = (None, 16)
 
 
 def one_update(policy: str, batch_path: str, budget: int | None, dist: Dist = SINGLE,
-               fsdp: bool = False) -> tuple[dict, float, dict]:
+               fsdp: bool = False, chunk: int | None = None) -> tuple[dict, float, dict]:
     """One update of the float64 policy on the saved groups; the full weights after it."""
     from dots.sharding import full_state_dict, shard_model
 
-    cfg = load_config(None, OVERRIDES + [f"train.micro_batch_tokens={'null' if budget is None else budget}"])
+    cfg = load_config(None, OVERRIDES + [f"train.micro_batch_tokens={'null' if budget is None else budget}"]
+                      + ([] if chunk is None else [f"train.logprob_chunk_tokens={chunk}"]))
     model, tok = load_policy(policy, torch.float64)
     if fsdp:
         shard_model(model)
@@ -86,8 +90,9 @@ if __name__ == "__main__":
         result = {"world": dist.world}
         for b, path in enumerate(batches):
             for budget in BUDGETS:
-                weights, loss, stats = one_update(policy, path, budget, dist, fsdp=True)
-                result[b, budget] = {"weights": weights, "loss": loss, "stats": stats}
+                for chunk in CHUNKS:
+                    weights, loss, stats = one_update(policy, path, budget, dist, fsdp=True, chunk=chunk)
+                    result[b, budget, chunk] = {"weights": weights, "loss": loss, "stats": stats}
     else:
         root, out = args
         result = train(root, out, dist)

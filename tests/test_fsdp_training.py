@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from dots.rollout import Group
 from dots.update import trained_groups
 
 from .conftest import REPO
-from .fsdp_train_worker import BUDGETS, one_update
+from .fsdp_train_worker import BUDGETS, CHUNKS, one_update
 from .test_distributed import _saved_batch
 
 
@@ -73,18 +74,19 @@ def test_two_process_fsdp_update_equals_single_process(tmp_path):
     assert [r["world"] for r in ranks] == [2, 2]
     before = load_policy(policy)[0].state_dict()
     for b, path in enumerate(batches):
-        for budget in BUDGETS:
-            single, loss, stats = one_update(policy, path, budget)
-            assert any(not torch.equal(before[k].double(), single[k]) for k in single), (b, budget)
+        for budget, chunk in itertools.product(BUDGETS, CHUNKS):
+            case = (b, budget, chunk)
+            single, loss, stats = one_update(policy, path, budget, chunk=chunk)
+            assert any(not torch.equal(before[k].double(), single[k]) for k in single), case
             for r in ranks:
-                got = r[b, budget]
-                assert set(got["weights"]) == set(single), (b, budget)
+                got = r[case]
+                assert set(got["weights"]) == set(single), case
                 for name, w in single.items():
-                    assert torch.allclose(got["weights"][name], w, rtol=0, atol=1e-10), (b, budget, name)
-                assert got["loss"] == pytest.approx(loss, rel=1e-10, abs=1e-12), (b, budget)
+                    assert torch.allclose(got["weights"][name], w, rtol=0, atol=1e-10), (case, name)
+                assert got["loss"] == pytest.approx(loss, rel=1e-10, abs=1e-12), case
                 assert set(got["stats"]) == set(stats) == {"replay_ratio_mean", "replay_ratio_max"}
                 for k, v in stats.items():
-                    assert got["stats"][k] == pytest.approx(v, rel=1e-10), (b, budget, k)
+                    assert got["stats"][k] == pytest.approx(v, rel=1e-10), (case, k)
 
 
 def _same(a, b, path=""):

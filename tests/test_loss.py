@@ -143,6 +143,23 @@ def test_kl_term_needs_reference_and_is_zero_at_reference(tiny):
     assert moved.item() > plain.item()  # KL ≥ 0 is subtracted from J, so −J grows
 
 
+def test_kl_term_ignores_padding_positions_however_far_their_log_probs_lie(tiny):
+    """A padding position's log-probs are arbitrary (a pad token's under a drifted policy): with the KL
+    difference unmasked, exp(100) is inf, inf * 0 a NaN loss and NaN gradients."""
+    model, tok = tiny
+    _, batch = _on_policy(model, tok)
+    assert not batch.response_mask.all()  # there are padding positions to test
+    logp = token_logprobs(model, batch, TEMPERATURE)
+    ref = logp.detach() - 0.5
+    far = torch.where(batch.response_mask, ref, ref + 100.0)  # only padding positions move
+    near, _ = grpo_loss(logp, batch, beta=0.1, ref_logprobs=ref)
+    loss, _ = grpo_loss(logp, batch, beta=0.1, ref_logprobs=far)
+    assert torch.isfinite(loss) and loss.item() == pytest.approx(near.item(), rel=1e-6)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in _params(model) if p.grad is not None)
+    model.zero_grad()
+
+
 def test_group_advantages_no_std_by_default():
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
     adv = group_advantages(rewards)
