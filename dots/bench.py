@@ -376,6 +376,7 @@ def run_row(cfg: Config, seed: int, label: str, target: float | None, variants: 
            "final_accuracy": summary["final_accuracy"],
            "best_accuracy": max(e["accuracy"] for e in evals), "elapsed_s": summary["elapsed_s"],
            "step_s": mean("time/step_s"), "effective_ratio": mean("train/effective_ratio"),
+           "fresh_effective_ratio": summary.get("fresh_effective_ratio"),
            "staleness": mean("replay/staleness_mean"), "dots_pearson": mean("dots/pearson"),
            "probe_pearson": mean("dots/probe_pearson"), "pearson_ceiling": mean("dots/pearson_ceiling"),
            "wall_s": summary.get("wall_s"), "tracking_s": summary.get("tracking_s"),

@@ -57,7 +57,8 @@ def spread_of(vals: list) -> list | None:
 
 MEDIAN_KEYS = ("time_to_target_s", "time_to_target_adjusted_s", "steps_to_target", "tokens_sampled_to_target", "tokens_trained_to_target",
                "final_accuracy", "final_smoothed", "step_s", "rollout_s", "update_s", "select_s", "other_s",
-               "effective_ratio", "staleness", "dots_pearson", "probe_pearson", "pearson_ceiling", "s_per_group_trained",
+               "effective_ratio", "fresh_effective_ratio", "staleness", "dots_pearson", "probe_pearson",
+               "pearson_ceiling", "s_per_group_trained",
                "frontier_min", *PEER_FIGURES)
 RATIOS = (("time_to_target_s", "time_to_target_ratio"), ("time_to_target_adjusted_s", "time_to_target_adjusted_ratio"),
           ("steps_to_target", "steps_to_target_ratio"),
@@ -107,9 +108,17 @@ def paired_ratios(mine: list[dict], base: list[dict], key: str) -> dict:
     """Seed-paired ratios of `key` (mine / base): their median, the per-seed values and a 90%
     bootstrap interval of the median."""
     by_seed = {r["seed"]: r for r in base}
-    ratios = [paired_ratio(r.get(key), by_seed[r["seed"]].get(key) if r["seed"] in by_seed else None)
-              for r in mine]
+    ratios = [paired_ratio(r.get(key), by_seed[r["seed"]].get(key)) if by_seed[r["seed"]].get(
+        "steps_to_target") is not None else never_base_ratio(r) for r in mine if r["seed"] in by_seed]
     return paired([x for x in ratios if x is not None])
+
+
+def never_base_ratio(mine: dict) -> float:
+    """The ratio of a seed whose base run never reached the target (a peer baseline can miss
+    grpo's end point): the same rule as a run of mine that misses, the other way round. Mine
+    reached it: 0 (infinitely faster); mine missed too: a tie. Leaving such seeds out dropped
+    exactly the ones most favourable to `mine` from the median and its interval."""
+    return 1.0 if mine.get("steps_to_target") is None else 0.0
 
 
 def paired(values: list[float]) -> dict:

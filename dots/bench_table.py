@@ -74,9 +74,10 @@ def _against(summary: dict, methods: list[str], bases: list[str], title: str) ->
 def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list[str],
            checks: list[dict] | None = None) -> str:
     head = ("| method | seed | time-to-target (s) | load-adjusted (s) | steps | tokens sampled | tokens trained | final acc "
-            "| step (s) | rollout | update | select | s / group trained | effective ratio | staleness "
-            "| dots/pearson |")
-    lines = ["Per run (target = grpo's mean of its last evaluations, same seed):", "", head, "|" + "---|" * 16]
+            "| step (s) | rollout | update | select | s / group trained | effective ratio "
+            "| fresh informative | staleness | dots/pearson |")
+    lines = ["Per run (target = grpo's mean of its last evaluations, same seed):", "", head,
+             "|" + "---|" * 17]
     for r in sorted(rows, key=lambda r: (methods.index(r["method"]), r["seed"])):
         lines.append(f"| {r['method']} | {r['seed']} | {fmt(r['time_to_target_s'], '.1f')} | "
                      f"{fmt(r.get('time_to_target_adjusted_s'), '.1f')} | "
@@ -84,23 +85,24 @@ def render(rows: list[dict], summary: dict, goal_list: list[dict], methods: list
                      f"{fmt(r['tokens_trained_to_target'], ',.0f')} | {fmt(r['final_smoothed'], '.3f')} | "
                      f"{fmt(r['step_s'], '.3f')} | {fmt(r['rollout_s'], '.3f')} | {fmt(r['update_s'], '.3f')} | "
                      f"{fmt(r['select_s'], '.3f')} | {fmt(r['s_per_group_trained'], '.4f')} | "
-                     f"{fmt(r['effective_ratio'], '.2f')} | {fmt(r['staleness'], '.1f')} | "
-                     f"{fmt(r['dots_pearson'], '.2f')} |")
+                     f"{fmt(r['effective_ratio'], '.2f')} | {fmt(r.get('fresh_effective_ratio'), '.2f')} | "
+                     f"{fmt(r['staleness'], '.1f')} | {fmt(r['dots_pearson'], '.2f')} |")
     lines += ["", "Medians over seeds; ratios and accuracy differences to grpo are paired by seed, "
               "with 90% bootstrap intervals:", "",
               "| method | time ratio | load-adjusted time ratio | steps ratio | tokens-sampled ratio "
               "| tokens-trained ratio | time-to-target (s) | final acc | end point − grpo "
-              "| at equal time − grpo | step (s) | s / group trained | effective ratio | staleness "
-              "| dots/pearson | reached |",
-              "|" + "---|" * 16]
+              "| at equal time − grpo | step (s) | s / group trained | effective ratio | fresh informative "
+              "| staleness | dots/pearson | reached |",
+              "|" + "---|" * 17]
     for m in methods:
         s = summary[m]
         lines.append(f"| {m} | " + " | ".join(with_interval(s.get(n), s.get(f"{n}_ci90"), ".2f") for _, n in RATIOS) +
                      f" | {fmt(s['time_to_target_s'], '.1f')} | {fmt(s['final_smoothed'], '.3f')} | "
                      f"{_end_point(s)} | {_equal_time(s)} | {fmt(s['step_s'], '.3f')} | "
                      f"{fmt(s['s_per_group_trained'], '.4f')} | "
-                     f"{fmt(s['effective_ratio'], '.2f')} | {fmt(s['staleness'], '.1f')} | "
-                     f"{fmt(s['dots_pearson'], '.2f')} | {s['reached_target']}/{len(s['seeds'])} |")
+                     f"{fmt(s['effective_ratio'], '.2f')} | {fmt(s.get('fresh_effective_ratio'), '.2f')} | "
+                     f"{fmt(s['staleness'], '.1f')} | {fmt(s['dots_pearson'], '.2f')} | "
+                     f"{s['reached_target']}/{len(s['seeds'])} |")
     lines += time_split.render(summary, methods, lambda v: fmt(v, ".2f"))
     peers = peer_arms(methods, {m: summary[m].get("variant_of") for m in methods})
     if peers:

@@ -151,6 +151,20 @@ def time_to_target(evals: list[dict], target: float | None, window: int = 1) -> 
     return (None, None) if found is None else (found.of("elapsed_s"), found.of("step"))
 
 
+def fresh_share(records: list[dict]) -> dict:
+    """Groups generated over the run and the share of them with varied rewards. Why beside the mean of
+    `train/effective_ratio`: that reads the groups a step trains on, and a DOTS round's degenerate
+    references, a dynamic-sampling step's filtered-out groups, never reach one; this counts every
+    group sampled. None for records written before the counts were (they lack `train/fresh_groups`)."""
+    if not records or any("train/fresh_groups" not in r for r in records):
+        return {"train/fresh_groups_total": None, "train/fresh_informative_total": None,
+                "fresh_effective_ratio": None}
+    groups = sum(int(r["train/fresh_groups"]) for r in records)
+    informative = sum(int(r["train/fresh_informative"]) for r in records)
+    return {"train/fresh_groups_total": groups, "train/fresh_informative_total": informative,
+            "fresh_effective_ratio": informative / groups if groups else None}
+
+
 def summarize(result: RunResult) -> dict:
     out: dict[str, Any] = {
         "method": result.method, "steps": len(result.records), "final_accuracy": result.final_accuracy,
@@ -166,6 +180,7 @@ def summarize(result: RunResult) -> dict:
         last = result.records[-1]
         for key in ("tokens/sampled_total", "tokens/trained_total", "train/groups_trained_total"):
             out[key] = last.get(key)
+        out.update(fresh_share(result.records))
     frontier = [e["frontier"] for e in result.evals if "frontier" in e]
     if frontier:
         out["frontier_min"], out["frontier_final"] = float(min(frontier)), float(frontier[-1])

@@ -133,6 +133,7 @@ class Trainer:
         self.step, self.elapsed = 0, 0.0
         self.totals = {"tokens_sampled": 0, "tokens_trained": 0, "groups_trained": 0}
         self._sampled = 0  # response tokens generated in the current step (counted by _rollout)
+        self._rolled = [0, 0]  # groups generated in the current step, and how many of them informative
         self.probe = np.arange(min(cfg.eval.probe_size, len(pool)))  # the pool is shuffled: its head is a
         # fixed, uniform probe of the pool for the frontier diagnostic
         self.records: list[dict] = []
@@ -194,6 +195,8 @@ class Trainer:
             g.question_id, g.version = int(i), self.step
         out = self.dist.gather(groups)
         self._sampled += sum(int(g.response_mask.sum()) for g in out)
+        self._rolled[0] += len(out)  # every group generated: DOTS's references and dynamic sampling's
+        self._rolled[1] += sum(g.informative for g in out)  # filtered-out ones too (train/fresh_*)
         return out
 
     def _new_round(self, rec: dict) -> None:
@@ -326,7 +329,7 @@ class Trainer:
         start = time.perf_counter()
         timers = {"rollout": 0.0, "select": 0.0, "update": 0.0}
         rec: dict = {"step": self.step + 1}
-        self._sampled = 0
+        self._sampled, self._rolled = 0, [0, 0]
         replayed: list[Group] = []
         if self.uses_replay:
             n_replay = b - max(1, int(round(cfg.replay.delta_for(self.method) * b)))
@@ -359,6 +362,10 @@ class Trainer:
             "train/reward_mean": float(np.mean([g.mean_reward for g in fresh])) if fresh else None,
             "train/loss": loss,
             "train/effective_ratio": float(np.mean([g.informative for g in groups])) if groups else 0.0,
+            # of the groups generated this step (a DOTS round's K references all counted in its first step,
+            # the degenerate ones that never reach a batch too): what selection buys, per group sampled
+            "train/fresh_groups": self._rolled[0], "train/fresh_informative": self._rolled[1],
+            "train/fresh_effective_ratio": self._rolled[1] / self._rolled[0] if self._rolled[0] else None,
             "train/policy_version": self.step,
             "time/step_s": step_s, "time/rollout_s": timers["rollout"], "time/update_s": timers["update"],
             "time/select_s": timers["select"], "time/elapsed_s": self.elapsed,

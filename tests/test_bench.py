@@ -70,8 +70,12 @@ def test_bench_flow_writes_summary_table_and_plot(bench_run):
     # the variant: its own runs, trained in each seed's lockstep group, paired with dots by seed
     tau3 = summary["summary"]["tau3"]
     assert tau3["variant_of"] == "dots" and tau3["overrides"] == ["selection.tau=0.3"]
-    reached = [r for r in summary["runs"] if r["method"] == "dots" and r["time_to_target_s"] is not None]
-    assert len(tau3["time_to_target_ratio_vs_dots_per_seed"]) == len(reached)  # paired where dots has a time
+    # paired on every seed; where dots never reached the target, tau3 counts as infinitely faster (0)
+    # when it did, else as a tie
+    runs = {(r["method"], r["seed"]): r["steps_to_target"] is not None for r in summary["runs"]}
+    for seed, ratio in zip((0, 1), tau3["time_to_target_ratio_vs_dots_per_seed"], strict=True):
+        if not runs["dots", seed]:
+            assert ratio == (0.0 if runs["tau3", seed] else 1.0)
     assert "time_to_target_ratio" in tau3
     assert summary["variants"] == {"tau3": {"method": "dots", "overrides": ["selection.tau=0.3"]}}
     lock = {r["seed"]: r["lockstep"] for r in summary["runs"] if r["method"] == "grpo"}
@@ -493,6 +497,23 @@ def test_dots_informative_share_goal(dots_eff, grpo_eff, share, met):
     assert g["dots"]["value"] == pytest.approx(share) and g["dots"]["met"] is met
 
 
+def test_the_informative_goal_counts_every_fresh_group_and_says_when_runs_lack_the_counts():
+    """dots trains on informative groups 0.5 of the time, but counted over every group it generated
+    (its degenerate references too) 0.44: the goal reads the latter. Runs written before the counts
+    are judged on the trained groups' share, and the line says so."""
+    rows = [_row("grpo", 0, 10.0, 100, eff=0.22), _row("dots", 0, 6.0, 60, eff=0.5)]
+    rows[0]["fresh_effective_ratio"], rows[1]["fresh_effective_ratio"] = 0.22, 0.44
+    s, g = _goals(rows)
+    assert s["dots"]["fresh_effective_ratio"] == 0.44 and s["dots"]["effective_ratio"] == 0.5
+    assert g["dots"]["value"] == pytest.approx(2.0) and g["dots"]["met"] is False  # 0.44 < 0.5
+    assert g["dots"]["detail"] == "dots 0.44, grpo 0.22"
+    assert "| 0.50 | 0.44 |" in bench_table.render(rows, s, list(g.values()), ["grpo", "dots"])
+    rows[0]["fresh_effective_ratio"] = None  # a grpo run read back from before the counts
+    _, g = _goals(rows)
+    assert g["dots"]["value"] == pytest.approx(0.5 / 0.22)
+    assert g["dots"]["detail"].startswith("dots 0.50, grpo 0.22 (runs without fresh-group counts")
+
+
 def test_token_ratios_are_paired_like_seconds():
     rows = [_row("grpo", 0, 10.0, 100, tokens=100_000), _row("grpo", 1, 20.0, 200, tokens=300_000),
             _row("dots_rr", 0, 8.0, 40, tokens=30_000), _row("dots_rr", 1, 18.0, 120, tokens=60_000)]
@@ -610,6 +631,21 @@ def test_dots_rr_is_paired_with_each_peer_by_seed_and_the_goal_reads_those_ratio
     table = bench_table.render(rows, s, list(goals.values()), methods)
     assert "Against the peer baselines" in table and "time / dapo" in table and "How the peers sample" in table
     assert table.count("| greso | 1.50 | 150.0 |") == 1  # the sampling table lists only the peers
+
+
+def test_a_peer_that_never_reaches_the_target_keeps_its_seed_in_the_pairing():
+    """greso misses grpo's end point on seed 2: dots_rr, which reached it, is infinitely faster there
+    (0), not left out; on seed 1 both miss: a tie. Before, both seeds fell out of the median."""
+    rows = []
+    for seed, base in enumerate((10.0, 20.0, 40.0)):
+        greso = (0.8 * base, 80) if seed == 0 else (None, None)
+        rows += [_row("grpo", seed, base, 100), _row("greso", seed, *greso)]
+        rows.append(_row("dots_rr", seed, *((None, None) if seed == 1 else (0.5 * base, 50))))
+    s = bench_summary.summarize(rows, ["grpo", "dots_rr", "greso"])["dots_rr"]
+    assert s["time_to_target_ratio_vs_greso_per_seed"] == pytest.approx([0.5 / 0.8, 1.0, 0.0])
+    assert s["steps_to_target_ratio_vs_greso_per_seed"] == pytest.approx([50 / 80, 1.0, 0.0])
+    assert s["time_to_target_ratio_vs_greso"] == pytest.approx(0.5 / 0.8)
+    assert s["time_to_target_ratio_per_seed"] == [0.5, float("inf"), 0.5]  # against grpo, as before
 
 
 def test_the_peers_params_leave_the_other_methods_runs_alone():
@@ -1055,7 +1091,8 @@ def test_a_grpo_variant_is_a_baseline_against_its_own_end_point():
     assert bench_summary.baseline_targets(vs_grpo, [v]) == {"grpo_all": {0: 0.49, 1: 0.49, 2: 0.49}}
     assert bench_summary.baseline_targets(vs_grpo, []) == {}  # no variant of grpo, no extra target
     without = bench_summary.summarize(vs_grpo, arms, [v])
-    assert without["dots_rr"]["time_to_target_ratio_vs_grpo_all"] is None  # no pair: grpo_all never arrived
+    # grpo_all never arrived: every seed pairs as infinitely faster (0), which says nothing of the two
+    assert without["dots_rr"]["time_to_target_ratio_vs_grpo_all_per_seed"] == [0.0, 0.0, 0.0]
     s = bench_summary.summarize(vs_grpo, arms, [v], {"grpo_all": vs_own})
     assert s["dots_rr"]["time_to_target_ratio_vs_grpo_all_per_seed"] == pytest.approx([6 / 16, 9 / 30, 18 / 60])
     assert s["dots_rr"]["steps_to_target_ratio_vs_grpo_all"] == pytest.approx(0.4)

@@ -479,6 +479,9 @@ def test_peer_steps_train_only_varied_groups_and_record_their_sampling(tiny_pipe
         assert rec["sampling/rollouts"] == len(rolled)
         assert rec["sampling/filtered"] == sum(not has_variance(g) for g in rolled)
         assert rec["sampling/rollouts"] == rec["sampling/filtered"] + rec["sampling/surplus"] + len(trained)
+        # the fresh-group counts read every group generated, the filtered-out ones too
+        assert rec["train/fresh_groups"] == len(rolled)
+        assert rec["train/fresh_informative"] == sum(has_variance(g) for g in rolled)
         # only groups with varied rewards are trained, B of them unless the step was short
         assert all(has_variance(g) for g in trained)
         assert len(trained) == rec["train/groups_trained"]

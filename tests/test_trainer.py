@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dots import stages
+from dots import runfiles, stages
 from dots.checkpoints import SET_ASIDE_KEPT, run_key, set_aside_path, set_asides
 from dots.models import load_policy
 from dots.trainer import Trainer, time_to_target
@@ -219,6 +219,43 @@ def test_dots_round_questions_are_distinct_and_exclude_references(tiny_pipeline,
         assert not set(picked) & set(refs[start]), "a reference question drawn again"
         assert 0 < len(picked) <= cfg.selection.every * b
     assert len(set(refs[0])) == k
+
+
+def test_dots_fresh_group_counts_take_in_every_reference_the_degenerate_ones_too(tiny_pipeline, pipeline_data,
+                                                                                   tmp_path):
+    """`train/effective_ratio` reads the groups a step trains on: a round's degenerate references never
+    get there. The fresh counts (the bench's informative-share goal) count every group generated."""
+    cfg, trainer = _trainer(tiny_pipeline, pipeline_data, "dots", tmp_path / "dots", "train.steps=4",
+                            "eval.every=4", "train.checkpoint_every=4", "selection.every=2")
+    rolled: dict[int, list] = {}
+    rollout = trainer._rollout
+
+    def spy(idx):
+        groups = rollout(idx)
+        rolled.setdefault(trainer.step, []).extend(groups)
+        return groups
+
+    trainer._rollout = spy
+    records = [trainer.train_step() for _ in range(4)]
+    k = cfg.selection.ref_size
+    for rec in records:
+        groups = rolled[rec["step"] - 1]
+        assert rec["train/fresh_groups"] == len(groups)
+        assert rec["train/fresh_informative"] == sum(g.informative for g in groups)
+        share = rec["train/fresh_informative"] / len(groups)
+        assert rec["train/fresh_effective_ratio"] == pytest.approx(share)
+    round_steps = [r for r in records if (r["step"] - 1) % cfg.selection.every == 0]
+    assert all(r["train/fresh_groups"] > k for r in round_steps)  # the K references and selected questions
+    degenerate_refs = sum(k - sum(g.informative for g in rolled[r["step"] - 1][:k]) for r in round_steps)
+    assert degenerate_refs > 0, "no degenerate reference: the test shows nothing"
+    share = runfiles.fresh_share(records)
+    assert share["train/fresh_groups_total"] == sum(len(v) for v in rolled.values())
+    assert share["train/fresh_informative_total"] == sum(g.informative for v in rolled.values() for g in v)
+    # trained groups: every group in a step's batch (informative references queued, degenerate ones dropped)
+    trained = sum(round(r["train/effective_ratio"] * cfg.train.batch_size) for r in records)
+    assert share["train/fresh_informative_total"] == trained  # dots trains each informative group it makes
+    assert share["train/fresh_groups_total"] == 4 * cfg.train.batch_size + degenerate_refs
+    assert runfiles.fresh_share(records[:1] + [{"step": 2}])["fresh_effective_ratio"] is None  # older records
 
 
 def test_kl_and_group_scaling_variant_trains(tiny_pipeline, pipeline_data, tmp_path):
