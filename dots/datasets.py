@@ -398,6 +398,18 @@ def load_pool(spec: DatasetSpec | dict[str, Any] | str | os.PathLike, *, reward:
     return questions
 
 
+def question_key(text: str) -> str:
+    """A question's text with its whitespace runs made one space: two rows with the same key ask
+    the same question."""
+    return " ".join(text.split())
+
+
+def also_in(questions: Iterable[Question], pool: Iterable[Question]) -> list[int]:
+    """Ids of the questions whose text (`question_key`) is also a pool question's."""
+    seen = {question_key(q.prompt) for q in pool}
+    return [q.id for q in questions if question_key(q.prompt) in seen]
+
+
 def drop_repeats(questions: list[Question]) -> tuple[list[Question], list[dict]]:
     """The questions without the rows that repeat an earlier row's question (the same text up to
     whitespace), and one ``{"id", "first_id", "other_answer"}`` per row left out. Why: the held-out
@@ -408,7 +420,7 @@ def drop_repeats(questions: list[Question]) -> tuple[list[Question], list[dict]]
     first: dict[str, Question] = {}
     kept, repeats = [], []
     for q in questions:
-        key = " ".join(q.prompt.split())
+        key = question_key(q.prompt)
         if key in first:
             earlier = first[key]
             repeats.append({"id": q.id, "first_id": earlier.id, "other_answer": q.answer != earlier.answer})

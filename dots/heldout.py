@@ -28,17 +28,25 @@ from .checkpoints import load_checkpoint
 from .config import Config
 from .evaluation import greedy_accuracy, pass_rates, task_io
 from .models import load_policy, resolve_device
+from .progress import say
 from .rollout import context_positions
 from .engines import engine_for
 
 
 def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path,
-                    checkpoint: str | Path | None = None, samples: int = 0, seed: int = 0) -> dict:
-    """Greedy accuracy (and pass@G, mean@G when `samples` = G > 0) of a policy on a held-out set."""
-    from .datasets import load_pool  # noqa: PLC0415
+                    checkpoint: str | Path | None = None, samples: int = 0, seed: int = 0,
+                    pool: list | None = None) -> dict:
+    """Greedy accuracy (and pass@G, mean@G when `samples` = G > 0) of a policy on a held-out set;
+    with the training `pool`, the ids of the set's questions that are also in it (`in_pool`)."""
+    from .datasets import also_in, load_pool  # noqa: PLC0415
 
     # every row validated, ground truths parsed as the reward parses them, before any model loads
     questions = load_pool(data, reward=cfg.reward.name, timeout_s=cfg.reward.timeout_s)
+    overlap = also_in(questions, pool) if pool else []
+    if overlap:  # said before the model loads; kept in the result
+        shown = ", ".join(map(str, overlap[:10])) + (", ..." if len(overlap) > 10 else "")
+        say(f"evaluate: {Path(data['path']).name}: {len(overlap)} of {len(questions)} questions are also in "
+            f"the training pool (ids {shown}): their scores are not held out")
     start = time.perf_counter()
     setup_from_config(cfg)
     source = policy
@@ -56,7 +64,7 @@ def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path,
     out: dict[str, Any] = {
         "policy": str(source), "checkpoint": str(checkpoint) if checkpoint else None,
         "step": state["step"] if checkpoint is not None else None,
-        "data": data["path"], "questions": len(questions),
+        "data": data["path"], "questions": len(questions), **({"in_pool": overlap} if overlap else {}),
         **score(cfg, engine, tok, questions, samples, seed),
     }
     out["seconds"] = time.perf_counter() - start

@@ -432,7 +432,7 @@ def evaluate(cfg: Config, method: str | None = None) -> dict:
     of evaluate.sets: greedy accuracy, pass@k and mean@k. Every set is read and validated before
     the model loads. Writes evaluations/<method>/metrics.json and logs heldout/<set>/<metric> to the
     method's MLflow run."""
-    from .datasets import load_pool  # noqa: PLC0415
+    from .datasets import also_in, load_pool  # noqa: PLC0415
     from .heldout import check_prompts_fit, score  # noqa: PLC0415
 
     method = method or cfg.train.method
@@ -440,10 +440,19 @@ def evaluate(cfg: Config, method: str | None = None) -> dict:
     folder = p.model(method)
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder}: no exported model; run `dots train --method {method}` first")
-    sets = {"task": load_data(cfg)[1]}
+    pool, held = load_data(cfg)
+    sets = {"task": held}
+    in_pool: dict[str, list[int]] = {}
     for spec in cfg.evaluate.sets:
         sets[spec.name] = load_pool(spec.model_dump(exclude={"name"}), reward=cfg.reward.name,
                                     timeout_s=cfg.reward.timeout_s)  # ground truths the reward reads
+        # a set made elsewhere (MATH500 beside a pool that holds MATH problems) can share questions
+        # with the pool: said, and counted in the results, since their scores are not held out
+        if ids := also_in(sets[spec.name], pool):
+            in_pool[spec.name] = ids
+            shown = ", ".join(map(str, ids[:10])) + (", ..." if len(ids) > 10 else "")
+            say(f"evaluate: {spec.name}: {len(ids)} of {len(sets[spec.name])} questions are also in the "
+                f"training pool (ids {shown}): their scores are not held out")
     start = time.perf_counter()
     setup_from_config(cfg)
     model, tok = load_policy(folder, getattr(torch, cfg.model.dtype))
@@ -452,7 +461,8 @@ def evaluate(cfg: Config, method: str | None = None) -> dict:
     engine = engine_for(cfg, model, tok, seed=cfg.evaluate.seed, sleep_mode=False)
     results = {}
     for name, questions in sets.items():
-        results[name] = {"questions": len(questions),
+        overlap = {"in_pool": in_pool[name]} if name in in_pool else {}
+        results[name] = {"questions": len(questions), **overlap,
                          **score(cfg, engine, tok, questions, cfg.evaluate.samples, cfg.evaluate.seed)}
         say(f"evaluate {method}: {name}: " + ", ".join(f"{k} {v:.4f}" for k, v in _scores(results[name]).items()))
     close_engine(engine)
@@ -526,16 +536,21 @@ def compare(cfg: Config, methods: list[str] | None = None) -> dict:
 
 
 def render_table(comparison: dict) -> str:
-    def f(v, fmt):
-        return "—" if v is None else format(v, fmt)
+    def f(v, fmt, missing="—"):
+        return missing if v is None else format(v, fmt)
 
     lines = [f"target accuracy (grpo's mean of its last evaluations): {comparison['target_accuracy']:.4f}", "",
              "| method | time-to-target (s) | steps-to-target | final accuracy | ratio to grpo "
              "| end point − grpo | at equal time − grpo | mean step (s) | effective ratio | dots/pearson |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    base = next((r for r in comparison["rows"] if r["method"] == "grpo"), None)
     for r in comparison["rows"]:
-        lines.append(f"| {r['method']} | {f(r['time_to_target_s'], '.1f')} | {f(r['steps_to_target'], '.1f')} | "
-                     f"{f(r['final_accuracy'], '.4f')} | {f(r['time_to_target_ratio'], '.2f')} | "
+        # a run that never reached the target says so, as the bench's table does ("—": nothing to read)
+        never = "never" if r["time_to_target_s"] is None else "—"
+        ratio = "never" if r["time_to_target_s"] is None and base and base["time_to_target_s"] else \
+            f(r["time_to_target_ratio"], ".2f")
+        lines.append(f"| {r['method']} | {f(r['time_to_target_s'], '.1f', never)} | "
+                     f"{f(r['steps_to_target'], '.1f', never)} | {f(r['final_accuracy'], '.4f')} | {ratio} | "
                      f"{f(r.get('end_point_diff'), '+.3f')} | {f(r.get('equal_time_diff'), '+.3f')} | "
                      f"{f(r['mean_step_s'], '.3f')} | {f(r['effective_ratio'], '.2f')} | "
                      f"{f(r['dots_pearson'], '.2f')} |")

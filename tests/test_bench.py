@@ -324,6 +324,24 @@ def test_the_comparison_names_a_resumed_run():
     assert "Resumed" not in stages.render_table({"target_accuracy": 0.3, "rows": rows[:1]})
 
 
+def test_the_comparison_says_never_for_a_run_that_missed_the_target():
+    """`dots compare` showed "—" for a method that never reached the target, as for a figure it
+    cannot read; the bench says "never"."""
+    from dots import stages
+
+    row = {"method": "grpo", "time_to_target_s": 10.0, "steps_to_target": 300.0, "final_accuracy": 0.3,
+           "time_to_target_ratio": 1.0, "end_point_diff": 0.0, "equal_time_diff": 0.0, "mean_step_s": 0.1,
+           "effective_ratio": 0.5, "dots_pearson": None, "resumed_at": []}
+    missed = {**row, "method": "dots", "time_to_target_s": None, "steps_to_target": None,
+              "time_to_target_ratio": None}
+    table = stages.render_table({"target_accuracy": 0.3, "rows": [row, missed]})
+    assert "| dots | never | never | 0.3000 | never | +0.000 |" in table
+    # grpo itself missed a target set by hand (train.target_accuracy): no ratio to read
+    table = stages.render_table({"target_accuracy": 0.9, "rows": [{**missed, "method": "grpo"}, missed]})
+    assert "| grpo | never | never | 0.3000 | — |" in table
+    assert "| dots | never | never | 0.3000 | — |" in table
+
+
 def test_the_runs_wall_clock_counts_each_lockstep_group_once():
     arms = ["grpo", "dots_rr"]
     rows = [{**_row(m, s, 10.0, 100), "wall_s": w, "lockstep": arms} for s, m, w in

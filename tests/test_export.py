@@ -164,6 +164,49 @@ def test_evaluate_stage_scores_the_export_and_compare_writes_time_to_target_per_
     assert float(version.tags["time_to_target_s"]) == pytest.approx(row["time_to_target_s"])
 
 
+def test_evaluate_names_the_questions_of_an_extra_set_that_are_also_in_the_pool(trained, tmp_path, capsys):
+    """An extra held-out set made elsewhere can share questions with the training pool (MATH500 beside a
+    pool of MATH problems): the stage says how many and which, and the results keep their ids."""
+    from dots.config import HeldoutSet
+
+    cfg, _ = trained
+    pool, held = stages.load_data(cfg)
+    # three pool questions (one space more: the same question) and two of the task's held-out set
+    rows = [{"q": " " + q.prompt, "a": q.answer, "i": 900 + k} for k, q in enumerate(pool[:3])]
+    rows += [{"q": q.prompt, "a": q.answer, "i": 950 + k} for k, q in enumerate(held[:2])]
+    (tmp_path / "extra.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    extra = HeldoutSet(name="extra", path=str(tmp_path / "extra.jsonl"), question="q", answer="a", id="i")
+    cfg = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"sets": [extra], "samples": 0}),
+                                 "tracking": cfg.tracking.model_copy(update={"enabled": False})})
+    out = stages.evaluate(cfg, "grpo")
+    assert out["heldout"]["extra"]["in_pool"] == [900, 901, 902] and out["heldout"]["extra"]["questions"] == 5
+    assert "in_pool" not in out["heldout"]["task"]  # the task's own held-out set never is
+    assert ("evaluate: extra: 3 of 5 questions are also in the training pool (ids 900, 901, 902): their "
+            "scores are not held out") in capsys.readouterr().out
+
+
+def test_dots_evaluate_data_names_the_questions_also_in_the_workspace_pool(tiny_pipeline, tmp_path, capsys):
+    """`dots evaluate --data FILE` in a prepared workspace: the file's questions that are also in its
+    training pool are named before the model loads, and listed in the JSON (`in_pool`)."""
+    from dots.cli import main
+
+    from .conftest import default_params, tiny_overrides
+
+    pool, _ = stages.load_data(tiny_config(tiny_pipeline.root))
+    rows = [{"q": pool[5].prompt, "a": pool[5].answer, "i": 0}, {"q": "1+2+3+4=", "a": "01", "i": 1}]
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["evaluate", "-p", default_params(tmp_path), "--data", str(data), "--question", "q",
+            "--answer", "a", "--id", "i"]
+    for o in tiny_overrides(tiny_pipeline.root):
+        argv += ["-S", o]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    said = "evaluate: mixed.jsonl: 1 of 2 questions are also in the training pool (ids 0): their scores"
+    assert said in out
+    assert json.loads(out[out.index("{"):])["in_pool"] == [0]
+
+
 def test_evaluate_refuses_a_method_without_an_export(trained):
     cfg, _ = trained
     with pytest.raises(FileNotFoundError, match="dots train --method dots"):
