@@ -322,9 +322,11 @@ def _evaluate(cfg, args) -> None:
 
     data = {"path": args.data, "question": args.question, "answer": args.answer,
             "id": None if args.id.lower() == "none" else args.id, "limit": args.limit}
-    from .stages import load_data, paths, policy_path  # noqa: PLC0415
+    from .data import load_questions  # noqa: PLC0415
+    from .stages import paths, policy_path  # noqa: PLC0415
 
-    pool = load_data(cfg)[0] if paths(cfg).pool.exists() else None  # the workspace's pool, if prepared
+    prepared = paths(cfg).pool
+    pool = load_questions(prepared) if prepared.exists() else None  # this workspace's training pool
     result = evaluate_policy(cfg, data, args.policy or policy_path(cfg), args.checkpoint, args.samples,
                              args.seed, pool)
     text = json.dumps(result, indent=1)

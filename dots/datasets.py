@@ -386,7 +386,7 @@ def load_pool(spec: DatasetSpec | dict[str, Any] | str | os.PathLike, *, reward:
     if unreadable:
         gone = [{"row": places[k][2], "id": questions[k].id, "answer": questions[k].answer, "why": why}
                 for k, why in unreadable.items()]
-        ids = ", ".join(str(g["id"]) for g in gone[:MAX_REPORTED]) + (", ..." if len(gone) > MAX_REPORTED else "")
+        ids = shown_ids([g["id"] for g in gone], MAX_REPORTED)
         what = f"the {reward} reward cannot read" if reward else "is a null placeholder"
         say(f"{name}: dropped {len(gone)} row{'s' if len(gone) != 1 else ''} whose ground truth {what} "
             f"(unparseable: drop); ids {ids}")
@@ -396,6 +396,14 @@ def load_pool(spec: DatasetSpec | dict[str, Any] | str | os.PathLike, *, reward:
     if not questions:
         raise DatasetError(f"{spec.path}: no rows" + (" left after dropping the unreadable ones" if unreadable else ""))
     return questions
+
+
+IDS_SHOWN = 10  # ids a one-line notice lists before "..."
+
+
+def shown_ids(ids: list, limit: int = IDS_SHOWN) -> str:
+    """The first `limit` ids, comma-separated, "..." after them when there are more."""
+    return ", ".join(map(str, ids[:limit])) + (", ..." if len(ids) > limit else "")
 
 
 def question_key(text: str) -> str:
@@ -408,6 +416,16 @@ def also_in(questions: Iterable[Question], pool: Iterable[Question]) -> list[int
     """Ids of the questions whose text (`question_key`) is also a pool question's."""
     seen = {question_key(q.prompt) for q in pool}
     return [q.id for q in questions if question_key(q.prompt) in seen]
+
+
+def say_in_pool(name: str, questions: list[Question], pool: Iterable[Question]) -> list[int]:
+    """`also_in`, said in one line when any: a held-out set made elsewhere (MATH500 beside a pool that
+    holds MATH problems) can share questions with the training pool, and their scores are not held out."""
+    ids = also_in(questions, pool)
+    if ids:
+        say(f"evaluate: {name}: {len(ids)} of {len(questions)} questions are also in the training pool "
+            f"(ids {shown_ids(ids)}): their scores are not held out")
+    return ids
 
 
 def drop_repeats(questions: list[Question]) -> tuple[list[Question], list[dict]]:

@@ -28,7 +28,6 @@ from .checkpoints import load_checkpoint
 from .config import Config
 from .evaluation import greedy_accuracy, pass_rates, task_io
 from .models import load_policy, resolve_device
-from .progress import say
 from .rollout import context_positions
 from .engines import engine_for
 
@@ -38,15 +37,11 @@ def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path,
                     pool: list | None = None) -> dict:
     """Greedy accuracy (and pass@G, mean@G when `samples` = G > 0) of a policy on a held-out set;
     with the training `pool`, the ids of the set's questions that are also in it (`in_pool`)."""
-    from .datasets import also_in, load_pool  # noqa: PLC0415
+    from .datasets import load_pool, say_in_pool  # noqa: PLC0415
 
     # every row validated, ground truths parsed as the reward parses them, before any model loads
     questions = load_pool(data, reward=cfg.reward.name, timeout_s=cfg.reward.timeout_s)
-    overlap = also_in(questions, pool) if pool else []
-    if overlap:  # said before the model loads; kept in the result
-        shown = ", ".join(map(str, overlap[:10])) + (", ..." if len(overlap) > 10 else "")
-        say(f"evaluate: {Path(data['path']).name}: {len(overlap)} of {len(questions)} questions are also in "
-            f"the training pool (ids {shown}): their scores are not held out")
+    overlap = say_in_pool(Path(data["path"]).name, questions, pool) if pool else []  # before the model loads
     start = time.perf_counter()
     setup_from_config(cfg)
     source = policy

@@ -101,13 +101,12 @@ def split_dataset(cfg: Config, dropped: list[dict] | None = None,
     task seed into pool and held-out set; rows dropped under task.dataset.unparseable=drop are
     appended to `dropped`, rows that repeat an earlier row's question (`drop_repeats`: held out
     means held out) to `repeats`."""
-    from .datasets import drop_repeats, load_pool  # noqa: PLC0415
+    from .datasets import drop_repeats, load_pool, shown_ids  # noqa: PLC0415
 
     rows = load_pool(cfg.task.dataset, reward=cfg.reward.name, timeout_s=cfg.reward.timeout_s, dropped=dropped)
     rows, repeated = drop_repeats(rows)
     if repeated:
-        ids = ", ".join(str(r["id"]) for r in repeated[:10]) + (", ..." if len(repeated) > 10 else "")
-        other = sum(r["other_answer"] for r in repeated)
+        ids, other = shown_ids([r["id"] for r in repeated]), sum(r["other_answer"] for r in repeated)
         say(f"prepare: dropped {len(repeated)} row{'s' if len(repeated) != 1 else ''} repeating an earlier "
             f"row's question (ids {ids}; {other} with another ground truth, the earlier row's kept), so "
             "that no held-out question is also in the pool")
@@ -432,7 +431,7 @@ def evaluate(cfg: Config, method: str | None = None) -> dict:
     of evaluate.sets: greedy accuracy, pass@k and mean@k. Every set is read and validated before
     the model loads. Writes evaluations/<method>/metrics.json and logs heldout/<set>/<metric> to the
     method's MLflow run."""
-    from .datasets import also_in, load_pool  # noqa: PLC0415
+    from .datasets import load_pool, say_in_pool  # noqa: PLC0415
     from .heldout import check_prompts_fit, score  # noqa: PLC0415
 
     method = method or cfg.train.method
@@ -446,13 +445,8 @@ def evaluate(cfg: Config, method: str | None = None) -> dict:
     for spec in cfg.evaluate.sets:
         sets[spec.name] = load_pool(spec.model_dump(exclude={"name"}), reward=cfg.reward.name,
                                     timeout_s=cfg.reward.timeout_s)  # ground truths the reward reads
-        # a set made elsewhere (MATH500 beside a pool that holds MATH problems) can share questions
-        # with the pool: said, and counted in the results, since their scores are not held out
-        if ids := also_in(sets[spec.name], pool):
+        if ids := say_in_pool(spec.name, sets[spec.name], pool):  # kept in the results
             in_pool[spec.name] = ids
-            shown = ", ".join(map(str, ids[:10])) + (", ..." if len(ids) > 10 else "")
-            say(f"evaluate: {spec.name}: {len(ids)} of {len(sets[spec.name])} questions are also in the "
-                f"training pool (ids {shown}): their scores are not held out")
     start = time.perf_counter()
     setup_from_config(cfg)
     model, tok = load_policy(folder, getattr(torch, cfg.model.dtype))
@@ -546,11 +540,12 @@ def render_table(comparison: dict) -> str:
     base = next((r for r in comparison["rows"] if r["method"] == "grpo"), None)
     for r in comparison["rows"]:
         # a run that never reached the target says so, as the bench's table does ("—": nothing to read)
-        never = "never" if r["time_to_target_s"] is None else "—"
-        ratio = "never" if r["time_to_target_s"] is None and base and base["time_to_target_s"] else \
+        missed = r["time_to_target_s"] is None
+        ratio = "never" if missed and base and base["time_to_target_s"] else \
             f(r["time_to_target_ratio"], ".2f")
-        lines.append(f"| {r['method']} | {f(r['time_to_target_s'], '.1f', never)} | "
-                     f"{f(r['steps_to_target'], '.1f', never)} | {f(r['final_accuracy'], '.4f')} | {ratio} | "
+        lines.append(f"| {r['method']} | {f(r['time_to_target_s'], '.1f', 'never')} | "
+                     f"{f(r['steps_to_target'], '.1f', 'never' if missed else '—')} | "
+                     f"{f(r['final_accuracy'], '.4f')} | {ratio} | "
                      f"{f(r.get('end_point_diff'), '+.3f')} | {f(r.get('equal_time_diff'), '+.3f')} | "
                      f"{f(r['mean_step_s'], '.3f')} | {f(r['effective_ratio'], '.2f')} | "
                      f"{f(r['dots_pearson'], '.2f')} |")
