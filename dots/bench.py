@@ -62,7 +62,7 @@ from .config import BENCH_METHODS, METHODS, TRAITS, Config, ConfigError, with_ov
 from .machine_load import adjusted_seconds, round_loads
 from .pipeline_status import pipeline_runs_ended
 from .progress import say
-from .runfiles import Crossing, crossing, final_smoothed, json_safe, smoothed, step_seconds
+from .runfiles import INFINITY, Crossing, crossing, final_smoothed, json_safe, smoothed, step_seconds
 from .workspace_lock import exclusive
 
 RESULTS = Path("results/bench")
@@ -449,7 +449,7 @@ def report(cfg: Config, methods: list[str], seeds: list[int], out_dir: Path = RE
               "predictor_round": rnd, "runs_wall_s": runs_wall_s(rows), "runs": rows, "runs_resumed": resumed,
               "variants": {v.label: {"method": v.method, "overrides": list(v.overrides)} for v in variants},
               **(extra or {})}
-    write_text(out_dir / "summary.json", json.dumps(json_safe(result), indent=1))
+    write_text(out_dir / "summary.json", json.dumps(json_safe(result, INFINITY), indent=1))
     write_text(out_dir / "table.md", table + "\n")
     def evals(seed: int, label: str) -> list[dict]:
         method, acfg = resolve(cfg, label, variants)

@@ -17,9 +17,12 @@ each with its own verdict. Exit status as `diff`'s: 0 agree, 1 differ, 2 bad inp
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
+
+from .runfiles import json_infinities
 
 TOLERANCE = 0.10  # issue 11: median ratios of two benches of one commit within 0.10
 TIME_RATIOS = ("time_to_target_ratio", "time_to_target_adjusted_ratio")
@@ -50,7 +53,7 @@ def read_summary(path: str | Path) -> dict:
     for key in ("methods", "seeds", "summary", "runs"):
         if key not in data:
             raise BenchDiffError(f"{path}: not a bench summary (no '{key}')")
-    return data
+    return json_infinities(data)
 
 
 def _baselines(stats: dict) -> list[str]:
@@ -98,7 +101,7 @@ def compare_benches(a: dict, b: dict, tolerance: float = TOLERANCE) -> dict:
                 if key not in sa and key not in sb:
                     continue  # e.g. no load-adjusted seconds where the arms were timed one after another
                 va, vb = sa.get(key), sb.get(key)
-                diff = None if va is None or vb is None else abs(va - vb)
+                diff = ratio_difference(va, vb)
                 ratios.append({"method": method, "baseline": baseline, "ratio": key, "a": va, "b": vb,
                                "diff": diff, "within": (va is None and vb is None)
                                or (diff is not None and diff <= tolerance)})
@@ -115,6 +118,16 @@ def compare_benches(a: dict, b: dict, tolerance: float = TOLERANCE) -> dict:
             "not_one_sitting": {"read_back": [a.get("runs_read_back") or [], b.get("runs_read_back") or []],
                                 "resumed": [a.get("runs_resumed") or [], b.get("runs_resumed") or []]},
             "within": not mismatched and (judged is None or verdicts[judged]["within"])}
+
+
+def ratio_difference(a: float | None, b: float | None) -> float | None:
+    """|a − b| of one median ratio in two benches; None where either was not measured. A ratio of
+    "never" (inf: more than half the seeds missed the target) agrees only with "never"."""
+    if a is None or b is None:
+        return None
+    if math.isinf(a) or math.isinf(b):
+        return 0.0 if a == b else math.inf
+    return abs(a - b)
 
 
 def judged_ratio(verdicts: dict) -> str | None:
@@ -168,7 +181,14 @@ def sitting_caveats(not_one_sitting: dict) -> list[str]:
 
 
 def _f(x) -> str:
-    return "—" if x is None else f"{x:.3f}"
+    if x is None:
+        return "—"
+    return "never" if x == math.inf else f"{x:.3f}"
+
+
+def _diff(x) -> str:
+    """A difference of two ratios; inf where one bench's is "never" and the other's is not."""
+    return "inf" if x == math.inf else _f(x)
 
 
 def render_comparison(result: dict, label_a: str = "A", label_b: str = "B") -> str:
@@ -186,7 +206,7 @@ def render_comparison(result: dict, label_a: str = "A", label_b: str = "B") -> s
         if r is None:
             return "— | — | —"
         flag = "" if r["within"] else f" **(> {tol:.2f})**"
-        return f"{_f(r['a'])} | {_f(r['b'])} | {_f(r['diff'])}{flag}"
+        return f"{_f(r['a'])} | {_f(r['b'])} | {_diff(r['diff'])}{flag}"
 
     lines += [f"| {m} | {base} | " + " | ".join(cells(kinds.get(k)) for k in TIME_RATIOS) + " |"
               for (m, base), kinds in rows.items()]
@@ -208,7 +228,8 @@ def render_comparison(result: dict, label_a: str = "A", label_b: str = "B") -> s
         w = v["worst"]
         judged = " (what the goals judge)" if kind == result["judged"] else ""
         lines.append(f"{names[kind]}{judged}: {'within' if v['within'] else '**beyond**'} {tol:.2f}; largest "
-                     f"difference {w['method']} / {w['baseline']} {_f(w['a'])} against {_f(w['b'])} ({_f(w['diff'])}).")
+                     f"difference {w['method']} / {w['baseline']} {_f(w['a'])} against {_f(w['b'])} "
+                     f"({_diff(w['diff'])}).")
     which = f" on the {names[result['judged']].lower()}" if result["judged"] else ""
     lines.append(f"The benches agree{which}." if result["within"] else f"The benches do **not** agree{which}.")
     return "\n".join(lines)

@@ -43,6 +43,21 @@ PEER_FIGURES = {"rollouts_per_step": "sampling/rollouts", "gen_batches": "sampli
                 "short_share": "sampling/short", "skip_prob": "greso/skip_prob_mean"}
 
 
+TO_TARGET = ("time_to_target_s", "time_to_target_adjusted_s", "steps_to_target", "tokens_sampled_to_target",
+             "tokens_trained_to_target")
+
+
+def to_target(row: dict, key: str) -> float | None:
+    """A run's cost to the target as its medians read it: +inf for a run that had a target and
+    never reached it (infinitely slow, as in the paired ratios). Why: leaving the misses out made
+    the median of an arm that reached the target on 2 of 6 seeds the median of its 2 runs that
+    did, its fastest. None where there was no target or the figure was not measured (no
+    load-adjusted seconds off lockstep)."""
+    if row.get("target_accuracy") is not None and row.get("steps_to_target") is None:
+        return float("inf")
+    return row.get(key)
+
+
 def median_of(vals: list) -> float | None:
     """The median of the figures a run has (None: not measured, e.g. a Pearson of grpo)."""
     vals = [v for v in vals if v is not None]
@@ -188,8 +203,8 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
         if (v := by_label.get(m)) is not None:
             stats["variant_of"], stats["overrides"] = v.method, list(v.overrides)
         for k in MEDIAN_KEYS:
-            stats[k] = median_of([r.get(k) for r in mine])
-            stats[f"{k}_spread"] = spread_of([r.get(k) for r in mine])
+            vals = [to_target(r, k) if k in TO_TARGET else r.get(k) for r in mine]
+            stats[k], stats[f"{k}_spread"] = median_of(vals), spread_of(vals)
         own = [v.method] if v is not None and v.method in runs and v.method not in peers else []
         bases = [*peers, *own, *(b for b in other_bases if b != m)]
         pairs = [(mine, grpo, "")]

@@ -28,21 +28,40 @@ STEP_FIGURES = ("time/step_s", "time/rollout_s", "time/update_s", "time/select_s
                 "dots/probe_pearson", "sampling/rollouts", "sampling/gen_batches", "sampling/short", "greso/skip_prob_mean")
 
 
-def _clean(value: Any) -> Any:
+INFINITY = "inf"  # how a bench's summary.json writes +inf (JSON has none): a target never reached
+
+
+def _clean(value: Any, infinity: str | None = None) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
-        return None
+        if infinity is None or math.isnan(value):
+            return None
+        return infinity if value > 0 else "-" + infinity
     if isinstance(value, (np.floating, np.integer)):
-        return _clean(value.item())
+        return _clean(value.item(), infinity)
     return value
 
 
-def json_safe(obj: Any) -> Any:
-    """Replace NaN/inf (e.g. a Pearson of constant labels) by null, so the file is strict JSON."""
+def json_safe(obj: Any, infinity: str | None = None) -> Any:
+    """Replace NaN/inf (e.g. a Pearson of constant labels) by null, so the file is strict JSON.
+    With `infinity` (the bench's summary: `INFINITY`), ±inf is written as that string instead: there
+    an infinite cost or ratio means a target never reached, which null would make read as "not
+    measured"; `json_infinities` reads it back."""
     if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
+        return {k: json_safe(v, infinity) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return _clean(obj)
+        return [json_safe(v, infinity) for v in obj]
+    return _clean(obj, infinity)
+
+
+def json_infinities(obj: Any, infinity: str = INFINITY) -> Any:
+    """The inverse of `json_safe(obj, infinity)` for infinities: the strings back to ±inf."""
+    if isinstance(obj, dict):
+        return {k: json_infinities(v, infinity) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [json_infinities(v, infinity) for v in obj]
+    if obj in (infinity, "-" + infinity):
+        return float(obj)
+    return obj
 
 
 @dataclass

@@ -409,7 +409,34 @@ def test_ratios_are_paired_by_seed_and_a_miss_counts_as_never():
     assert s["dots_rr"]["time_to_target_ratio_per_seed"][:2] == [0.4, 0.6]
     assert s["dots_rr"]["time_to_target_ratio"] == pytest.approx(0.6)  # median of 0.4, 0.6, inf
     assert s["dots_rr"]["reached_target"] == 2
-    assert s["dots_rr"]["time_to_target_s_spread"] == [4.0, 12.0]
+    # the seconds' median counts the miss as never too: 12, not 8 (the mean of the two that reached it)
+    assert s["dots_rr"]["time_to_target_s"] == 12.0 and s["dots_rr"]["steps_to_target"] == 60
+    assert s["dots_rr"]["time_to_target_s_spread"] == [4.0, float("inf")]
+
+
+def test_an_arm_that_misses_on_most_seeds_costs_never_and_summary_json_says_so(tmp_path):
+    from dots.bench_diff import read_summary
+    from dots.bench_table import fmt
+    from dots.runfiles import INFINITY, json_safe
+
+    rows = [_row("grpo", s, 10.0 * (s + 1), 100 * (s + 1)) for s in range(3)]
+    rows += [_row("dots", 0, 4.0, 30), _row("dots", 1, None, None), _row("dots", 2, None, None)]
+    rows += [{**_row("rr", s, None, None), "target_accuracy": None} for s in range(3)]  # no target at all
+    s = bench_summary.summarize(rows, ["grpo", "dots", "rr"])
+    for key in bench_summary.TO_TARGET[:1] + bench_summary.TO_TARGET[2:]:
+        assert s["dots"][key] == float("inf"), key  # not the one seed that reached it
+        assert s["rr"][key] is None, key  # not measured is not never
+    assert s["dots"]["time_to_target_ratio"] == float("inf")
+    assert fmt(s["dots"]["time_to_target_s"], ".1f") == "never"
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(json_safe({"methods": [], "seeds": [], "runs": [], "summary": s}, INFINITY)))
+    raw = json.loads(path.read_text())  # strict JSON: an infinity is the string, not null
+    assert raw["summary"]["dots"]["time_to_target_s"] == "inf"
+    assert raw["summary"]["rr"]["time_to_target_s"] is None
+    assert raw["summary"]["dots"]["time_to_target_ratio_per_seed"][1:] == ["inf", "inf"]
+    back = read_summary(path)["summary"]
+    assert back["dots"]["time_to_target_ratio"] == float("inf") and back["rr"]["time_to_target_s"] is None
+    assert json_safe([float("nan"), float("-inf")], INFINITY) == [None, "-inf"]
 
 
 ROUND = {"round_s": 0.02, "questions": 10240, "ref_size": 256, "dim": 1536, "threads": 2}

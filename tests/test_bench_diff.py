@@ -40,6 +40,18 @@ def test_benches_within_the_tolerance_agree():
     assert pairs == {("grpo", "dapo"), ("dots_rr", "grpo"), ("dots_rr", "dapo"), ("dapo", "grpo")}  # none to itself
 
 
+def test_a_never_agrees_only_with_a_never():
+    a, b = _summary(), _summary()
+    for s in (a, b):
+        s["summary"]["dapo"]["time_to_target_adjusted_ratio"] = float("inf")  # most seeds missed
+    assert compare_benches(a, b)["within"]
+    b["summary"]["dapo"]["time_to_target_adjusted_ratio"] = 1.34
+    result = compare_benches(a, b)
+    assert not result["within"] and result["worst"]["diff"] == float("inf")
+    row = "| dapo | grpo | 1.400 | 1.400 | 0.000 | never | 1.340 | inf **(> 0.10)** |"
+    assert row in render_comparison(result)
+
+
 def test_a_ratio_beyond_the_tolerance_is_named():
     result = compare_benches(_summary(1.27), _summary(1.39))  # the 9859ddc pair's dapo / grpo
     assert not result["within"]
