@@ -234,6 +234,12 @@ class EmbedConfig(_Section):
                                                   "state (causal LMs, not sentence-transformers)")
 
 
+def holdout_size(n: int, fraction: float) -> int:
+    """How many of n labelled questions `fit-predictor` holds out (at least one); here, so that the
+    config can refuse a split that leaves too few on either side before any stage runs."""
+    return max(1, int(round(n * fraction)))
+
+
 class LabelConfig(_Section):
     num_questions: int = _range(8, None, default=2048, desc="pool questions labelled for the predictor")
     policies: list[str] = Field(default_factory=lambda: ["step300", "step350", "final", "step600", "step800"],
@@ -571,6 +577,13 @@ class Config(_Section):
         for key, value, limit, limit_key in checks:
             if value > limit:
                 raise ValueError(f"{key}: must be <= {limit_key} ({limit}); got {value}")
+        n_label = self.label.num_questions
+        n_hold = holdout_size(n_label, self.predictor.holdout_fraction)
+        if n_hold < 2 or n_label - n_hold < 3:  # a K = 1 fit predicts every question alike: a NaN Pearson
+            raise ValueError(f"predictor.holdout_fraction: splits label.num_questions ({n_label}) into "
+                             f"{n_label - n_hold} questions to train on and {n_hold} held out; the predictor "
+                             "needs at least 3 to train on (2 references beside each query) and 2 held out "
+                             "(a Pearson)")
         fresh_per_round = self.selection.every * self.train.batch_size
         if self.selection.ref_size + fresh_per_round > pool:
             raise ValueError(

@@ -14,14 +14,14 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from .config import PredictorConfig
+from .config import PredictorConfig, holdout_size
 from .predictor import DifficultyPredictor
 
 
 def split_labelled(n: int, holdout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(train, held-out) positions into the labelled set."""
     perm = np.random.default_rng(seed).permutation(n)
-    n_hold = max(1, int(round(n * holdout_fraction)))
+    n_hold = holdout_size(n, holdout_fraction)
     return perm[n_hold:], perm[:n_hold]
 
 

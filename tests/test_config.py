@@ -42,6 +42,14 @@ def test_ref_size_plus_round_must_fit_the_pool():
               "train.batch_size=400", "selection.every=2", "selection.ref_size=300"], "selection.ref_size")
 
 
+@pytest.mark.parametrize("fraction", ["0.75", "0.05"])
+def test_a_predictor_split_too_small_on_either_side_is_refused(fraction):
+    """8 questions at 0.75 left 2 to train on: K = 1, every prediction that one label, a NaN
+    Pearson after the labelling pass; at 0.05 one question was held out, a Pearson of one."""
+    refused(["label.num_questions=8", "predictor.batch_size=8", f"predictor.holdout_fraction={fraction}"],
+            "predictor.holdout_fraction", "label.num_questions (8)")
+
+
 def test_unknown_methodrefused():
     refused(["train.method=ppo"], "train.method", "ppo")
 
