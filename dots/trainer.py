@@ -66,6 +66,21 @@ from .runfiles import (RunResult, final_smoothed, smoothed, summarize, target_ev
                        time_to_target, write_run_files)  # (re-exported)
 
 
+def given_slots(fresh: list[Group], n_filled: int) -> list[Group]:
+    """`replay.fill`: the fresh groups left in a step's batch once its first `n_filled` degenerate
+    ones have given their slots to replayed groups. Why drop them rather than add the fill on top:
+    the loss is a mean over the batch's groups, so B fresh groups plus n fills weighed each group
+    1/(B + n), a smaller step than the full batch of B informative groups the switch promises.
+    A degenerate group the buffer had no replacement for keeps its slot (the batch stays B)."""
+    out, left = [], n_filled
+    for g in fresh:
+        if left and not g.informative:
+            left -= 1
+            continue
+        out.append(g)
+    return out
+
+
 class Trainer:
     def __init__(self, cfg: Config, method: str, policy_dir: str | Path, pool: list[Question],
                  eval_set: list[Question], run_dir: str | Path, predictor: DifficultyPredictor | None = None,
@@ -346,6 +361,8 @@ class Trainer:
             for g in fresh:
                 self.buffer.add(g)
         groups = fresh + replayed
+        if self.uses_replay and cfg.replay.fill:
+            groups = given_slots(fresh, rec["replay/filled"]) + replayed
         t = time.perf_counter()
         loss, stats = self._update(groups, replayed)
         timers["update"] = time.perf_counter() - t

@@ -193,7 +193,8 @@ def test_sample_never_returns_an_excluded_group():
 def test_fill_gives_each_degenerate_fresh_slot_to_one_more_replayed_group(tiny_pipeline, tmp_path):
     """replay.fill: with 8 groups a step and delta 0.5, 4 are replayed and 4 fresh; when 3 of
     the fresh ones come back degenerate, 3 more distinct groups are replayed (never one of
-    this step's fresh groups), so the update sees 4 + 3 replayed and 1 informative fresh."""
+    this step's fresh groups), so the update sees 4 + 3 replayed and 1 informative fresh: a batch
+    of 8, each group weighing 1/8 in the loss's mean (the degenerate ones stayed in it, 1/11)."""
     cfg = tiny_config(tiny_pipeline.root, "train.batch_size=8", "replay.delta=0.5", "replay.fill=true")
     pool, held = stages.load_data(cfg)
     trainer = Trainer(cfg, "rr", stages.paths(cfg).policy, pool, held, tmp_path / "rr", resume=False)
@@ -213,8 +214,17 @@ def test_fill_gives_each_degenerate_fresh_slot_to_one_more_replayed_group(tiny_p
     replayed = seen["replayed"]
     assert len(replayed) == 4 + 3 and rec["replay/filled"] == 3
     assert len({id(g) for g in replayed}) == 7 and all(any(g is s for s in stored) for g in replayed)
-    assert len(seen["groups"]) == 4 + 7 and sum(g.informative for g in seen["groups"]) == 8
-    assert rec["replay/fraction"] == pytest.approx(7 / 11)
+    assert len(seen["groups"]) == 1 + 7 and all(g.informative for g in seen["groups"])
+    assert rec["replay/fraction"] == pytest.approx(7 / 8) and rec["train/effective_ratio"] == 1.0
+    assert rec["train/fresh_groups"] == 0 or rec["train/fresh_informative"] <= rec["train/fresh_groups"]
+
+
+def test_a_degenerate_group_the_buffer_cannot_replace_keeps_its_slot():
+    from dots.trainer import given_slots
+
+    fresh = [make_group([1.0] * 4, qid=1), make_group(INFORMATIVE, qid=2), make_group([0.0] * 4, qid=3)]
+    assert given_slots(fresh, 1) == fresh[1:]  # one fill: the first degenerate group gave its slot
+    assert given_slots(fresh, 2) == [fresh[1]] and given_slots(fresh, 0) == fresh
 
 
 def test_fill_is_off_by_default_as_in_the_paper(tiny_pipeline, tmp_path):
