@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -301,10 +303,25 @@ def train(cfg: Config, method: str | None = None, resume: bool = True, run_dir: 
           checkpoint_dir: Path | None = None, seed_tag: int | None = None) -> dict:
     """Train one method; `run_dir`/`checkpoint_dir`/`seed_tag` let the benchmark keep one run per seed."""
     method = method or cfg.train.method
-    with Progress(f"train {method}", cfg.train.steps) as bar:
-        run = _open_run(cfg, method, resume, run_dir, checkpoint_dir, seed_tag, bar)
-        result = run.trainer.run()
-    return run.close(result)
+    runs: list[_Run] = []
+    with Progress(f"train {method}", cfg.train.steps) as bar, runs_ended_on_error(runs):
+        runs.append(_open_run(cfg, method, resume, run_dir, checkpoint_dir, seed_tag, bar))
+        result = runs[0].trainer.run()
+    with runs_ended_on_error(runs):
+        return runs[0].close(result)
+
+
+@contextmanager
+def runs_ended_on_error(runs: list[_Run]) -> Iterator[None]:
+    """Around training: a stage that raises (or is stopped with Ctrl-C) ends the MLflow runs it had
+    opened FAILED (KILLED), their buffered steps logged (`LiveLogger.abort`), and raises on."""
+    try:
+        yield
+    except BaseException as exc:
+        for r in runs:
+            if r.logger is not None:
+                r.logger.abort(exc)
+        raise
 
 
 class LockstepRun(NamedTuple):
@@ -332,8 +349,9 @@ def train_lockstep(cfg: Config, specs: list[tuple], seed_tag: int | None = None)
     if len(set(names)) != len(names):
         raise ValueError(f"train_lockstep: run names must differ; got {names}")
     seed = "" if seed_tag is None else f", seed {seed_tag}"  # two seeds' processes share one log in the bench
-    with Progress(f"train {'+'.join(names)} (lockstep{seed})", cfg.train.steps * len(specs)) as bar:
-        runs = []
+    runs: list[_Run] = []
+    with (Progress(f"train {'+'.join(names)} (lockstep{seed})", cfg.train.steps * len(specs)) as bar,
+          runs_ended_on_error(runs)):
         for spec, name in zip(specs, names):
             runs.append(_open_run(spec.cfg or cfg, spec.method, True, spec.run_dir, spec.checkpoint_dir, seed_tag,
                                   None, name=name))
@@ -348,7 +366,8 @@ def train_lockstep(cfg: Config, specs: list[tuple], seed_tag: int | None = None)
         for r in runs:
             with r.rng:
                 results.append(r.trainer.finish())
-    return {name: r.close(res, lockstep=names) for name, r, res in zip(names, runs, results)}
+    with runs_ended_on_error(runs):
+        return {name: r.close(res, lockstep=names) for name, r, res in zip(names, runs, results)}
 
 
 class _Run:

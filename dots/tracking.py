@@ -312,6 +312,7 @@ class LiveLogger:
         self.fallback = Path(fallback) if fallback is not None else None
         self.failures = 0
         self._due = every  # buffered records before the next write; doubles while the store is down
+        self.ended: str | None = None  # the status this process ended the run with
         self.seconds = 0.0  # wall-clock spent in MLflow calls (reported as tracking overhead)
 
     def catch_up(self, records: list[dict]) -> None:
@@ -348,7 +349,8 @@ class LiveLogger:
         self._due = self.every
         return True
 
-    def finish(self, summary: dict, evals: list[dict]) -> None:
+    def _flush_or_keep(self) -> None:
+        """Log what is buffered; what cannot reach MLflow goes to the fallback file, not lost."""
         from .progress import say  # noqa: PLC0415
 
         if not self.flush() and self.fallback is not None:
@@ -357,13 +359,39 @@ class LiveLogger:
                 for rec in self.buffer:
                     f.write(json.dumps({"run_id": self.run_id, **rec}) + "\n")
             say(f"tracking: {len(self.buffer)} step records could not reach MLflow; written to {self.fallback}")
+            self.buffer = []
+
+    def finish(self, summary: dict, evals: list[dict]) -> None:
+        from .progress import say  # noqa: PLC0415
+
+        self._flush_or_keep()
         t = time.perf_counter()
         try:
             self.tracker.finish_child(self.run_id, summary, evals, self.start_ms)
+            self.ended = "FINISHED"
         except Exception as exc:  # noqa: BLE001
             say(f"tracking: could not close MLflow run {self.run_id} ({exc}); the run files hold every figure")
         finally:
             self.seconds += time.perf_counter() - t
+
+    def abort(self, error: BaseException) -> None:
+        """The run stopped on `error`: log the steps it had buffered and end its MLflow run FAILED
+        (KILLED for Ctrl-C). Why here: a Prefect flow ends its runs itself (`dots.pipeline_status`),
+        but `dvc repro` and a hand `dots train` have no flow around them, and a stage that died
+        left its run RUNNING in the MLflow UI until the same stage ran again. A store that cannot
+        be reached is one line; the stage's own error stands."""
+        from .progress import say  # noqa: PLC0415
+
+        if self.ended is not None:
+            return  # closed before the error (another run of its lockstep group failed later)
+        status = "FAILED" if isinstance(error, Exception) else "KILLED"
+        try:
+            self._flush_or_keep()
+            self.tracker.client.set_terminated(self.run_id, status)
+            self.ended = status
+            say(f"tracking: MLflow run {self.run_id} -> {status} (stopped at step {self.logged})")
+        except Exception as exc:  # noqa: BLE001
+            say(f"tracking: could not end MLflow run {self.run_id} ({_first_line(exc)}); it stays RUNNING")
 
 
 def log_time_to_target(tracker: Tracker, comparison: dict, runs: dict[str, str] | None = None) -> None:

@@ -23,7 +23,7 @@ import yaml
 from dots import versioning
 from dots.config import load_config
 
-from .conftest import REPO, mlflow_runs
+from .conftest import REPO, mlflow_runs, tiny_config
 from .test_cli import SMALL
 
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
@@ -377,3 +377,62 @@ def test_a_tracking_fault_mid_run_loses_no_metric(tmp_path):
     logger.finish({"final_accuracy": 0.5}, [])
     lines = [json.loads(x) for x in (tmp_path / "fallback.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [9] and lines[0]["run_id"] == logger.run_id
+
+
+@pytest.mark.parametrize("error, status", [(RuntimeError("loss is NaN"), "FAILED"),
+                                           (KeyboardInterrupt(), "KILLED")])
+def test_a_training_stage_that_stops_ends_its_mlflow_run_and_logs_its_steps(
+        tiny_pipeline, tmp_path, monkeypatch, capsys, error, status):
+    """`dvc repro` and a hand `dots train` have no Prefect flow to end their runs: a stage that
+    raised (or was stopped with Ctrl-C) left its run RUNNING in the MLflow UI, its buffered steps
+    unlogged. Now FAILED (KILLED) with every step it trained; the same stage run again resumes the
+    run and finishes it."""
+    from mlflow.tracking import MlflowClient
+
+    from dots import stages
+    from dots.trainer import Trainer
+
+    uri = f"sqlite:///{tiny_pipeline.root / 'mlflow.db'}"  # the default store, an experiment of its own
+    cfg = tiny_config(tiny_pipeline.root, f"tracking.experiment=stopped-{status}")
+    real = Trainer.train_step
+
+    def second_step_fails(self):
+        if self.step == 1:
+            raise error
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "train_step", second_step_fails)
+    folders = {"run_dir": tmp_path / "run", "checkpoint_dir": tmp_path / "ck"}
+    with pytest.raises(type(error)):
+        stages.train(cfg, "grpo", resume=False, **folders)
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(f"stopped-{status}").experiment_id
+    [run] = client.search_runs([experiment], "tags.`dots.role` = 'train'")
+    assert run.info.status == status
+    logged = client.get_metric_history(run.info.run_id, "train/loss")
+    assert [m.step for m in logged] == [1]  # buffered (log_every is 10), logged as the stage stopped
+    assert f"MLflow run {run.info.run_id} -> {status} (stopped at step 1)" in capsys.readouterr().out
+    monkeypatch.setattr(Trainer, "train_step", real)
+    stages.train(cfg, "grpo", **folders)
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == [1, 2, 3]
+
+
+def test_a_run_closed_before_the_error_stays_finished_and_a_store_gone_is_one_line(tmp_path, capsys):
+    """In lockstep one run can be closed when another of its group fails: it stays FINISHED. A store
+    that cannot be reached when a stage stops is one line; the stage's own error is what raises."""
+    from dots.tracking import LiveLogger, Tracker
+
+    tracker = Tracker(load_config(None, [f"paths.root={tmp_path}", "tracking.experiment=closed"]))
+    done = LiveLogger(tracker, "grpo", every=10)
+    done.finish({"final_accuracy": 0.5}, [])
+    done.abort(RuntimeError("the other run's export failed"))
+    assert tracker.client.get_run(done.run_id).info.status == "FINISHED"
+    stopped = LiveLogger(tracker, "dots_rr", every=10)
+
+    def gone(*args, **kwargs):
+        raise ConnectionError("tracking server unreachable")
+
+    tracker.client.set_terminated = gone
+    stopped.abort(RuntimeError("loss is NaN"))
+    assert "could not end MLflow run" in capsys.readouterr().out and stopped.ended is None
