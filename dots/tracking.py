@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from .config import Config
 from .redact import scrub, scrub_tree
 
 PIPELINE_TAG, LOGGED_TAG = "dots.pipeline", "dots.logged_step"
+OWNER_TAG = "dots.owner"  # "<host> <pid> <start>": the process training a run (`Tracker.end_stale_runs`)
 MODEL_ARTIFACT = "model"  # where a run keeps its exported policy folder
 
 
@@ -148,18 +150,46 @@ class Tracker:
 
     def child(self, method: str, seed: int | None = None, params: dict[str, Any] | None = None) -> tuple[str, int]:
         """(run id, last logged step) of the method's child run (one per seed in a benchmark),
-        created when missing, with `params` beside the config's."""
+        created when missing, with `params` beside the config's; tagged with this process as its
+        owner, after the runs of owners that are gone are ended (`end_stale_runs`)."""
+        self.end_stale_runs()
         parent = self.parent()
         run = self.find_child(method, seed)
         if run is not None:
             self.client.update_run(run.info.run_id, status="RUNNING")
+            self.client.set_tag(run.info.run_id, OWNER_TAG, process_owner())
             return run.info.run_id, int(run.data.tags.get(LOGGED_TAG, 0))
         extra = {} if seed is None else {"seed": str(seed)}
         run = self.client.create_run(self.experiment_id, run_name=method if seed is None else f"{method}/seed{seed}",
                                      tags=self._tags(method=method, **extra, **{
-                                         "mlflow.parentRunId": parent, "dots.role": "train", LOGGED_TAG: "0"}))
+                                         "mlflow.parentRunId": parent, "dots.role": "train", LOGGED_TAG: "0",
+                                         OWNER_TAG: process_owner()}))
         self._log_params(run.info.run_id, params)
         return run.info.run_id, 0
+
+    def end_stale_runs(self) -> list[str]:
+        """End KILLED every training run of the experiment still RUNNING whose owner, a process of
+        this host, is gone; "<run name> -> KILLED" for each, also said. Why: a process killed
+        outright (SIGKILL, the out-of-memory killer, a preempted node) runs no cleanup, so its run
+        stayed RUNNING in the MLflow UI until the same stage ran again, and for good when none did
+        (another config, another commit). The next training stage on the machine ends it. A run
+        owned by another host is left alone: whether its process lives cannot be seen from here."""
+        from .progress import say  # noqa: PLC0415
+
+        host = socket.gethostname()
+        running = self.client.search_runs(
+            [self.experiment_id], f"attributes.status = 'RUNNING' and tags.`dots.role` = 'train' "
+                                  f"and tags.`{OWNER_TAG}` LIKE '{host} %'", max_results=1000)
+        ended = []
+        for run in running:
+            pid = owner_gone(run.data.tags[OWNER_TAG])
+            if pid is None:
+                continue
+            self.client.set_terminated(run.info.run_id, "KILLED")
+            ended.append(f"{run.info.run_name} -> KILLED")
+            say(f"tracking: MLflow run {run.info.run_name} ({run.info.run_id}) was left RUNNING by process "
+                f"{pid}, which is gone (killed outright?) -> KILLED")
+        return ended
 
     def _log_params(self, run_id: str, extra: dict[str, Any] | None = None) -> None:
         """The flattened config, and `extra` (a training run's `train.lr_used`)."""
@@ -214,6 +244,28 @@ class Tracker:
                     where = self.client.get_run(run_id).info.artifact_uri
                     raise TrackingUnavailable(f"MLflow artifact store {scrub(where)}: could not store {p} "
                                               f"({_first_line(exc)}); the local file is kept") from None
+
+
+def process_owner() -> str:
+    """This process as a run's owner tag: host, pid and the pid's start (a pid is reused)."""
+    from .atomic import process_started  # noqa: PLC0415
+
+    return f"{socket.gethostname()} {os.getpid()} {process_started(os.getpid())}"
+
+
+def owner_gone(tag: str) -> int | None:
+    """The pid of an owner tag (`process_owner`) of this host whose process is gone, else None
+    (alive, another host's, or a tag this version does not read)."""
+    from .atomic import pid_alive  # noqa: PLC0415
+
+    host, pid, started = (tag.rsplit(" ", 2) + ["", ""])[:3]
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    try:
+        start = None if started == "None" else float(started)
+    except ValueError:
+        return None
+    return None if pid_alive(int(pid), start) else int(pid)
 
 
 def registered_name(cfg: Config, method: str) -> str:

@@ -436,3 +436,34 @@ def test_a_run_closed_before_the_error_stays_finished_and_a_store_gone_is_one_li
     tracker.client.set_terminated = gone
     stopped.abort(RuntimeError("loss is NaN"))
     assert "could not end MLflow run" in capsys.readouterr().out and stopped.ended is None
+
+
+def test_a_run_whose_process_was_killed_outright_is_ended_by_the_next_stage(tmp_path, capsys):
+    """SIGKILL (the out-of-memory killer, a preempted node) runs no cleanup: the run of a process
+    killed so stayed RUNNING for good unless the same stage ran again. The next training stage on
+    the machine ends it KILLED; a live process's run and another host's are left alone."""
+    import signal
+    import socket
+
+    from dots.tracking import OWNER_TAG, Tracker
+
+    params = [f"paths.root={tmp_path}", "tracking.experiment=killed"]
+    code = ("import os, signal; from dots.config import load_config; from dots.tracking import Tracker; "
+            f"Tracker(load_config(None, {params!r})).child('grpo'); os.kill(os.getpid(), signal.SIGKILL)")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    killed = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env)
+    assert killed.returncode == -signal.SIGKILL
+    tracker = Tracker(load_config(None, params))
+    [stale] = tracker.client.search_runs([tracker.experiment_id], "tags.method = 'grpo'")
+    assert stale.info.status == "RUNNING"
+    capsys.readouterr()
+    live, _ = tracker.child("dots")  # the next stage, in this process
+    assert f"MLflow run grpo ({stale.info.run_id}) was left RUNNING by process" in capsys.readouterr().out
+    elsewhere, _ = tracker.child("rr")
+    tracker.client.set_tag(elsewhere, OWNER_TAG, f"not-{socket.gethostname()} 1 1.0")
+    tracker.child("dots_rr")  # and one more: this process's run and another host's stay RUNNING
+    status = {m: tracker.client.get_run(i).info.status for m, i in
+              (("grpo", stale.info.run_id), ("dots", live), ("rr", elsewhere))}
+    assert status == {"grpo": "KILLED", "dots": "RUNNING", "rr": "RUNNING"}
+    again, _ = tracker.child("grpo")  # the killed stage run again takes its run back
+    assert again == stale.info.run_id and tracker.client.get_run(again).info.status == "RUNNING"
