@@ -246,20 +246,34 @@ class Tracker:
                                               f"({_first_line(exc)}); the local file is kept") from None
 
 
+def _pid_space() -> str:
+    """This process's pid namespace ("pid:[4026531836]" on Linux, "-" where it cannot be read).
+    Why in the owner tag: containers on one host can share its hostname (host networking) and one
+    tracking store, each with pids of its own; a pid is only judged from the namespace it is in."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "-"
+
+
 def process_owner() -> str:
-    """This process as a run's owner tag: host, pid and the pid's start (a pid is reused)."""
+    """This process as a run's owner tag: host, pid namespace, pid and the pid's start time (a pid
+    is reused once its process has ended)."""
     from .atomic import process_started  # noqa: PLC0415
 
-    return f"{socket.gethostname()} {os.getpid()} {process_started(os.getpid())}"
+    return f"{socket.gethostname()} {_pid_space()} {os.getpid()} {process_started(os.getpid())}"
 
 
 def owner_gone(tag: str) -> int | None:
-    """The pid of an owner tag (`process_owner`) of this host whose process is gone, else None
-    (alive, another host's, or a tag this version does not read)."""
+    """The pid of an owner tag (`process_owner`) of this host and pid namespace whose process is
+    gone, else None (alive, another host's or container's, or a tag this version does not read)."""
     from .atomic import pid_alive  # noqa: PLC0415
 
-    host, pid, started = (tag.rsplit(" ", 2) + ["", ""])[:3]
-    if host != socket.gethostname() or not pid.isdigit():
+    parts = tag.rsplit(" ", 3)
+    if len(parts) != 4:
+        return None
+    host, space, pid, started = parts
+    if host != socket.gethostname() or space != _pid_space() or not pid.isdigit():
         return None
     try:
         start = None if started == "None" else float(started)

@@ -445,7 +445,7 @@ def test_a_run_whose_process_was_killed_outright_is_ended_by_the_next_stage(tmp_
     import signal
     import socket
 
-    from dots.tracking import OWNER_TAG, Tracker
+    from dots.tracking import OWNER_TAG, Tracker, _pid_space
 
     params = [f"paths.root={tmp_path}", "tracking.experiment=killed"]
     code = ("import os, signal; from dots.config import load_config; from dots.tracking import Tracker; "
@@ -460,10 +460,12 @@ def test_a_run_whose_process_was_killed_outright_is_ended_by_the_next_stage(tmp_
     live, _ = tracker.child("dots")  # the next stage, in this process
     assert f"MLflow run grpo ({stale.info.run_id}) was left RUNNING by process" in capsys.readouterr().out
     elsewhere, _ = tracker.child("rr")
-    tracker.client.set_tag(elsewhere, OWNER_TAG, f"not-{socket.gethostname()} 1 1.0")
-    tracker.child("dots_rr")  # and one more: this process's run and another host's stay RUNNING
+    tracker.client.set_tag(elsewhere, OWNER_TAG, f"not-{socket.gethostname()} {_pid_space()} 1 1.0")
+    container, _ = tracker.child("greso")  # this host's name, another container's pids
+    tracker.client.set_tag(container, OWNER_TAG, f"{socket.gethostname()} pid:[1] 1 1.0")
+    tracker.child("dots_rr")  # and one more: this process's run, another host's and container's stay RUNNING
     status = {m: tracker.client.get_run(i).info.status for m, i in
-              (("grpo", stale.info.run_id), ("dots", live), ("rr", elsewhere))}
-    assert status == {"grpo": "KILLED", "dots": "RUNNING", "rr": "RUNNING"}
+              (("grpo", stale.info.run_id), ("dots", live), ("rr", elsewhere), ("greso", container))}
+    assert status == {"grpo": "KILLED", "dots": "RUNNING", "rr": "RUNNING", "greso": "RUNNING"}
     again, _ = tracker.child("grpo")  # the killed stage run again takes its run back
     assert again == stale.info.run_id and tracker.client.get_run(again).info.status == "RUNNING"
