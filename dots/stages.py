@@ -304,10 +304,10 @@ def train(cfg: Config, method: str | None = None, resume: bool = True, run_dir: 
     """Train one method; `run_dir`/`checkpoint_dir`/`seed_tag` let the benchmark keep one run per seed."""
     method = method or cfg.train.method
     runs: list[_Run] = []
-    with Progress(f"train {method}", cfg.train.steps) as bar, runs_ended_on_error(runs):
-        runs.append(_open_run(cfg, method, resume, run_dir, checkpoint_dir, seed_tag, bar))
-        result = runs[0].trainer.run()
     with runs_ended_on_error(runs):
+        with Progress(f"train {method}", cfg.train.steps) as bar:
+            runs.append(_open_run(cfg, method, resume, run_dir, checkpoint_dir, seed_tag, bar))
+            result = runs[0].trainer.run()
         return runs[0].close(result)
 
 
@@ -350,23 +350,22 @@ def train_lockstep(cfg: Config, specs: list[tuple], seed_tag: int | None = None)
         raise ValueError(f"train_lockstep: run names must differ; got {names}")
     seed = "" if seed_tag is None else f", seed {seed_tag}"  # two seeds' processes share one log in the bench
     runs: list[_Run] = []
-    with (Progress(f"train {'+'.join(names)} (lockstep{seed})", cfg.train.steps * len(specs)) as bar,
-          runs_ended_on_error(runs)):
-        for spec, name in zip(specs, names):
-            runs.append(_open_run(spec.cfg or cfg, spec.method, True, spec.run_dir, spec.checkpoint_dir, seed_tag,
-                                  None, name=name))
-            runs[-1].rng.capture()
-        while not all(r.trainer.finished for r in runs):
-            for r in runs:
-                if not r.trainer.finished:
-                    with r.rng:
-                        r.trainer.advance()
-            bar.update(sum(r.trainer.step for r in runs))
-        results = []
-        for r in runs:
-            with r.rng:
-                results.append(r.trainer.finish())
     with runs_ended_on_error(runs):
+        with Progress(f"train {'+'.join(names)} (lockstep{seed})", cfg.train.steps * len(specs)) as bar:
+            for spec, name in zip(specs, names):
+                runs.append(_open_run(spec.cfg or cfg, spec.method, True, spec.run_dir, spec.checkpoint_dir,
+                                      seed_tag, None, name=name))
+                runs[-1].rng.capture()
+            while not all(r.trainer.finished for r in runs):
+                for r in runs:
+                    if not r.trainer.finished:
+                        with r.rng:
+                            r.trainer.advance()
+                bar.update(sum(r.trainer.step for r in runs))
+            results = []
+            for r in runs:
+                with r.rng:
+                    results.append(r.trainer.finish())
         return {name: r.close(res, lockstep=names) for name, r, res in zip(names, runs, results)}
 
 

@@ -32,7 +32,7 @@ from .config import Config
 from .redact import scrub, scrub_tree
 
 PIPELINE_TAG, LOGGED_TAG = "dots.pipeline", "dots.logged_step"
-OWNER_TAG = "dots.owner"  # "<host> <pid> <start>": the process training a run (`Tracker.end_stale_runs`)
+OWNER_TAG = "dots.owner"  # the process training a run (`process_owner`, read by `Tracker.end_stale_runs`)
 MODEL_ARTIFACT = "model"  # where a run keeps its exported policy folder
 
 
@@ -167,9 +167,9 @@ class Tracker:
         self._log_params(run.info.run_id, params)
         return run.info.run_id, 0
 
-    def end_stale_runs(self) -> list[str]:
+    def end_stale_runs(self) -> None:
         """End KILLED every training run of the experiment still RUNNING whose owner, a process of
-        this host, is gone; "<run name> -> KILLED" for each, also said. Why: a process killed
+        this host, is gone, saying so in a line each. Why: a process killed
         outright (SIGKILL, the out-of-memory killer, a preempted node) runs no cleanup, so its run
         stayed RUNNING in the MLflow UI until the same stage ran again, and for good when none did
         (another config, another commit). The next training stage on the machine ends it. A run
@@ -180,16 +180,13 @@ class Tracker:
         running = self.client.search_runs(
             [self.experiment_id], f"attributes.status = 'RUNNING' and tags.`dots.role` = 'train' "
                                   f"and tags.`{OWNER_TAG}` LIKE '{host} %'", max_results=1000)
-        ended = []
         for run in running:
             pid = owner_gone(run.data.tags[OWNER_TAG])
             if pid is None:
                 continue
             self.client.set_terminated(run.info.run_id, "KILLED")
-            ended.append(f"{run.info.run_name} -> KILLED")
             say(f"tracking: MLflow run {run.info.run_name} ({run.info.run_id}) was left RUNNING by process "
                 f"{pid}, which is gone (killed outright?) -> KILLED")
-        return ended
 
     def _log_params(self, run_id: str, extra: dict[str, Any] | None = None) -> None:
         """The flattened config, and `extra` (a training run's `train.lr_used`)."""

@@ -351,6 +351,7 @@ class Trainer:
             # shortfall is generated fresh below; rank 0 draws, every rank replays the same groups
             replayed = self.dist.decide(lambda: self.buffer.sample(n_replay, self.np_rng, cfg.replay.recency))
         fresh = self._fresh_groups(b - len(replayed), rec, timers)
+        fresh_in_batch = fresh
         if self.uses_replay:
             if cfg.replay.fill:  # before this step's fresh groups enter the buffer: a fill never replays them
                 n_fill = sum(not g.informative for g in fresh)
@@ -358,11 +359,10 @@ class Trainer:
                                                                     exclude=replayed))
                 replayed = replayed + extra
                 rec["replay/filled"] = len(extra)
+                fresh_in_batch = given_slots(fresh, len(extra))
             for g in fresh:
                 self.buffer.add(g)
-        groups = fresh + replayed
-        if self.uses_replay and cfg.replay.fill:
-            groups = given_slots(fresh, rec["replay/filled"]) + replayed
+        groups = fresh_in_batch + replayed
         t = time.perf_counter()
         loss, stats = self._update(groups, replayed)
         timers["update"] = time.perf_counter() - t
