@@ -50,7 +50,7 @@ from .config import DatasetFormat as Format, DatasetSpec  # noqa: F401  (re-expo
 from .data import Question, pool_hash
 from .hub import offline
 from .progress import say
-from .rewards import DEFAULT_TIMEOUT_S, unreadable_answers
+from .rewards import DEFAULT_TIMEOUT_S, same_answers, unreadable_answers
 
 MAX_REPORTED = 20
 # Strings an export writes for a missing value (pandas, numpy, JSON, SQL, R): never a real ground truth.
@@ -428,24 +428,54 @@ def say_in_pool(name: str, questions: list[Question], pool: Iterable[Question]) 
     return ids
 
 
-def drop_repeats(questions: list[Question]) -> tuple[list[Question], list[dict]]:
+def drop_repeats(questions: list[Question], reward: str,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[list[Question], list[dict], list[int]]:
     """The questions without the rows that repeat an earlier row's question (the same text up to
-    whitespace), and one ``{"id", "first_id", "other_answer"}`` per row left out. Why: the held-out
-    set is split from the same rows as the pool, and a question in both is not held out (150 of
-    DeepScaleR's 10,240 rows repeat an earlier row's question; 12 of the GPU profile's 512 held-out
-    questions were in its pool). The first row's ground truth is kept; `other_answer`: the left-out
-    row's is written otherwise (the same value or not)."""
+    whitespace), one ``{"id", "first_id", "conflict"}`` per row left out, and the ids of the first rows
+    also left out because a repeat's ground truth conflicts with theirs.
+
+    Why repeats go: the held-out set is split from the same rows as the pool, and a question in both
+    is not held out (150 of DeepScaleR's 10,240 rows repeat an earlier row's question; 12 of the GPU
+    profile's 512 held-out questions were in its pool). Why a conflicting question goes whole: when
+    the reward called `reward` does not take two of its ground truths for one answer
+    (:func:`dots.rewards.same_answers`; ``\\dfrac`` against ``\\frac`` is no conflict), no label of it can
+    be trusted: DeepScaleR answers "the least positive integer with exactly 12 positive factors" with
+    150, 60, 96, 72 and 108 in nine rows, and its first row says 150 (it is 60)."""
     first: dict[str, Question] = {}
-    kept, repeats = [], []
+    kept, repeated = [], []
     for q in questions:
         key = question_key(q.prompt)
         if key in first:
-            earlier = first[key]
-            repeats.append({"id": q.id, "first_id": earlier.id, "other_answer": q.answer != earlier.answer})
+            repeated.append((first[key], q))
         else:
             first[key] = q
             kept.append(q)
-    return kept, repeats
+    same = same_answers(reward, [(earlier.answer, q.answer) for earlier, q in repeated], timeout_s)
+    repeats = [{"id": q.id, "first_id": earlier.id, "conflict": not agrees}
+               for (earlier, q), agrees in zip(repeated, same)]
+    conflicting = sorted({r["first_id"] for r in repeats if r["conflict"]})
+    gone = set(conflicting)
+    return [q for q in kept if q.id not in gone], repeats, conflicting
+
+
+def say_repeats(name: str, questions: list[Question], reward: str,
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, list[int]]:
+    """A held-out set's repeated questions and those whose rows' ground truths conflict (`drop_repeats`),
+    said in one line when any and returned for the results (``repeats``: the later rows' ids,
+    ``conflicting``: the first rows'). The set is scored as its file has it, so that its score still
+    compares with scores published on that file; but a repeat weighs its question twice, and a
+    conflicting question scores every answer wrong against one of its labels."""
+    _, repeats, conflicting = drop_repeats(questions, reward, timeout_s)
+    named = (("repeats", [r["id"] for r in repeats]), ("conflicting", conflicting))
+    found = {key: ids for key, ids in named if ids}
+    if found:
+        conflicts = (f"; {len(conflicting)} question{'s' if len(conflicting) != 1 else ''} whose rows give "
+                     f"ground truths that {reward} does not take for one answer (first rows' ids "
+                     f"{shown_ids(conflicting)})" if conflicting else "")
+        rows = f"{len(repeats)} row{'s' if len(repeats) != 1 else ''} (ids {shown_ids(found['repeats'])})"
+        say(f"evaluate: {name}: {rows} repeating an earlier row's question{conflicts}: "
+            "scored as the file has them")
+    return found
 
 
 def dataset_version(questions: Iterable[Question]) -> str:

@@ -37,10 +37,11 @@ def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path,
                     pool: list | None = None) -> dict:
     """Greedy accuracy (and pass@G, mean@G when `samples` = G > 0) of a policy on a held-out set;
     with the training `pool`, the ids of the set's questions that are also in it (`in_pool`)."""
-    from .datasets import load_pool, say_in_pool  # noqa: PLC0415
+    from .datasets import load_pool, say_in_pool, say_repeats  # noqa: PLC0415
 
     # every row validated, ground truths parsed as the reward parses them, before any model loads
     questions = load_pool(data, reward=cfg.reward.name, timeout_s=cfg.reward.timeout_s)
+    found = say_repeats(Path(data["path"]).name, questions, cfg.reward.name, cfg.reward.timeout_s)
     overlap = say_in_pool(Path(data["path"]).name, questions, pool) if pool else []  # before the model loads
     start = time.perf_counter()
     setup_from_config(cfg)
@@ -59,7 +60,8 @@ def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path,
     out: dict[str, Any] = {
         "policy": str(source), "checkpoint": str(checkpoint) if checkpoint else None,
         "step": state["step"] if checkpoint is not None else None,
-        "data": data["path"], "questions": len(questions), **({"in_pool": overlap} if overlap else {}),
+        "data": data["path"], "questions": len(questions), **found,
+        **({"in_pool": overlap} if overlap else {}),
         **score(cfg, engine, tok, questions, samples, seed),
     }
     out["seconds"] = time.perf_counter() - start

@@ -492,6 +492,26 @@ def get_reward(name: str):
     return fn
 
 
+def same_answers(reward: str, pairs: Sequence[tuple[str, str]],
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> list[bool]:
+    """For each pair of ground truths (a, b), whether the reward called `reward` takes them for one
+    answer: a response that answers a is rewarded against b (``\\boxed{a}`` for ``math_verify``, so
+    ``\\dfrac{1}{2}`` and ``0.5`` agree). Why: two rows of a dataset that ask one question with
+    answers that do not agree leave no label to trust (DeepScaleR gives five answers to one question)."""
+    get_reward(reward)
+    same = [a == b for a, b in pairs]
+    todo = [i for i, s in enumerate(same) if not s]
+    if reward == "exact_match":
+        for i in todo:
+            same[i] = exact_match(*pairs[i]) == 1.0
+    elif todo:
+        texts = [f"\\boxed{{{latex_answer(pairs[i][0])}}}" for i in todo]
+        scores = math_verify_rewards(texts, [pairs[i][1] for i in todo], timeout_s)
+        for i, score in zip(todo, scores):
+            same[i] = score == 1.0
+    return same
+
+
 def unreadable_answers(reward: str, answers: Sequence[str],
                        timeout_s: float = DEFAULT_TIMEOUT_S) -> list[str | None]:
     """Why the reward called `reward` cannot read each ground truth, or None where it can.

@@ -97,23 +97,29 @@ def _write_json(path: Path, obj) -> None:
     write_text(path, json.dumps(json_safe(obj), indent=1))
 
 
-def split_dataset(cfg: Config, dropped: list[dict] | None = None,
-                  repeats: list[dict] | None = None) -> tuple[list[Question], list[Question]]:
+def split_dataset(cfg: Config, dropped: list[dict] | None = None, repeats: list[dict] | None = None,
+                  conflicting: list[int] | None = None) -> tuple[list[Question], list[Question]]:
     """A dataset's rows, validated (ground truths with the configured reward's parser), split by the
     task seed into pool and held-out set; rows dropped under task.dataset.unparseable=drop are
     appended to `dropped`, rows that repeat an earlier row's question (`drop_repeats`: held out
-    means held out) to `repeats`."""
+    means held out) to `repeats`, the first rows of questions whose rows' ground truths conflict
+    (dropped whole: no label to trust) to `conflicting`."""
     from .datasets import drop_repeats, load_pool, shown_ids  # noqa: PLC0415
 
     rows = load_pool(cfg.task.dataset, reward=cfg.reward.name, timeout_s=cfg.reward.timeout_s, dropped=dropped)
-    rows, repeated = drop_repeats(rows)
+    rows, repeated, conflicts = drop_repeats(rows, cfg.reward.name, cfg.reward.timeout_s)
     if repeated:
-        ids, other = shown_ids([r["id"] for r in repeated]), sum(r["other_answer"] for r in repeated)
         say(f"prepare: dropped {len(repeated)} row{'s' if len(repeated) != 1 else ''} repeating an earlier "
-            f"row's question (ids {ids}; {other} with another ground truth, the earlier row's kept), so "
-            "that no held-out question is also in the pool")
+            f"row's question (ids {shown_ids([r['id'] for r in repeated])}), so that no held-out question "
+            "is also in the pool")
         if repeats is not None:
             repeats.extend(repeated)
+    if conflicts:
+        say(f"prepare: dropped {len(conflicts)} question{'s' if len(conflicts) != 1 else ''} whose rows give "
+            f"ground truths that {cfg.reward.name} does not take for one answer (first rows' ids "
+            f"{shown_ids(conflicts)}), so that no reward rests on a label picked at random")
+        if conflicting is not None:
+            conflicting.extend(conflicts)
     if cfg.task.eval_size >= len(rows):
         raise ValueError(f"task.eval_size: must be < the dataset's {len(rows)} rows; got {cfg.task.eval_size}")
     order = np.random.default_rng(cfg.task.seed).permutation(len(rows))
@@ -125,7 +131,11 @@ def split_dataset(cfg: Config, dropped: list[dict] | None = None,
 def prepare(cfg: Config) -> dict:
     dropped: list[dict] = []
     repeats: list[dict] = []
-    pool, held = split_dataset(cfg, dropped, repeats) if cfg.task.source == "dataset" else generate(cfg.task)
+    conflicting: list[int] = []
+    if cfg.task.source == "dataset":
+        pool, held = split_dataset(cfg, dropped, repeats, conflicting)
+    else:
+        pool, held = generate(cfg.task)
     if len(pool) < max(cfg.selection.ref_size, cfg.train.batch_size, cfg.label.num_questions):
         raise ValueError(f"task: the pool has {len(pool)} questions, fewer than selection.ref_size, "
                          "train.batch_size or label.num_questions ask for")
@@ -139,7 +149,9 @@ def prepare(cfg: Config) -> dict:
         info["dropped"] = {"rows": len(dropped), "ids": [d["id"] for d in dropped]}
     if repeats:  # rows repeating an earlier row's question: left out of both pool and held-out set
         info["repeats"] = {"rows": len(repeats), "ids": [r["id"] for r in repeats],
-                           "other_answer": [r["id"] for r in repeats if r["other_answer"]]}
+                           "conflicting": [r["id"] for r in repeats if r["conflict"]]}
+    if conflicting:  # the first rows of questions whose ground truths conflict: left out too
+        info["conflicting"] = {"questions": len(conflicting), "ids": conflicting}
     return info
 
 
@@ -449,7 +461,7 @@ def evaluate(cfg: Config, method: str | None = None) -> dict:
     of evaluate.sets: greedy accuracy, pass@k and mean@k. Every set is read and validated before
     the model loads. Writes evaluations/<method>/metrics.json and logs heldout/<set>/<metric> to the
     method's MLflow run."""
-    from .datasets import load_pool, say_in_pool  # noqa: PLC0415
+    from .datasets import load_pool, say_in_pool, say_repeats  # noqa: PLC0415
     from .heldout import check_prompts_fit, score  # noqa: PLC0415
 
     method = method or cfg.train.method
@@ -459,12 +471,13 @@ def evaluate(cfg: Config, method: str | None = None) -> dict:
         raise FileNotFoundError(f"{folder}: no exported model; run `dots train --method {method}` first")
     pool, held = load_data(cfg)
     sets = {"task": held}
-    in_pool: dict[str, list[int]] = {}
+    found: dict[str, dict[str, list[int]]] = {}  # per extra set, ids kept in the results
     for spec in cfg.evaluate.sets:
         sets[spec.name] = load_pool(spec.model_dump(exclude={"name"}), reward=cfg.reward.name,
                                     timeout_s=cfg.reward.timeout_s)  # ground truths the reward reads
-        if ids := say_in_pool(spec.name, sets[spec.name], pool):  # kept in the results
-            in_pool[spec.name] = ids
+        found[spec.name] = say_repeats(spec.name, sets[spec.name], cfg.reward.name, cfg.reward.timeout_s)
+        if ids := say_in_pool(spec.name, sets[spec.name], pool):
+            found[spec.name]["in_pool"] = ids
     start = time.perf_counter()
     setup_from_config(cfg)
     model, tok = load_policy(folder, getattr(torch, cfg.model.dtype))
@@ -473,8 +486,7 @@ def evaluate(cfg: Config, method: str | None = None) -> dict:
     engine = engine_for(cfg, model, tok, seed=cfg.evaluate.seed, sleep_mode=False)
     results = {}
     for name, questions in sets.items():
-        overlap = {"in_pool": in_pool[name]} if name in in_pool else {}
-        results[name] = {"questions": len(questions), **overlap,
+        results[name] = {"questions": len(questions), **found.get(name, {}),
                          **score(cfg, engine, tok, questions, cfg.evaluate.samples, cfg.evaluate.seed)}
         say(f"evaluate {method}: {name}: " + ", ".join(f"{k} {v:.4f}" for k, v in _scores(results[name]).items()))
     close_engine(engine)

@@ -336,9 +336,11 @@ def test_the_prepare_stage_checks_with_the_configured_reward_and_reports_drops(t
 
 
 def test_a_question_repeated_in_the_file_is_never_both_held_out_and_in_the_pool(tmp_path, capsys):
-    """Rows that repeat an earlier row's question (up to whitespace; one with another ground truth) are
-    left out before the split, named on a line and in the stage's info: without that, a seed that puts
-    one copy in the held-out set and the other in the pool tests the policy on a question it trained on."""
+    """Rows that repeat an earlier row's question (up to whitespace) are left out before the split, named
+    on a line and in the stage's info: without that, a seed that puts one copy in the held-out set and
+    the other in the pool tests the policy on a question it trained on. A question whose rows give
+    answers the reward does not take for one (5 against 55) leaves whole, its first row too: which of
+    its labels is right cannot be known, and keeping the first trained on a wrong one."""
     from dots import stages
     from dots.config import load_config
 
@@ -350,20 +352,38 @@ def test_a_question_repeated_in_the_file_is_never_both_held_out_and_in_the_pool(
         rows[40 + 50 * k] = {"qid": rows[40 + 50 * k]["qid"], "q": text, "a": answer}
     path = write_jsonl(tmp_path / "repeats.jsonl", rows)
     spec = {"path": str(path), "question": "q", "answer": "a", "id": "qid"}
-    kept, repeats = drop_repeats(load_pool(spec))
-    assert repeats == [{"id": 140, "first_id": 103, "other_answer": False},
-                       {"id": 190, "first_id": 105, "other_answer": True},
-                       {"id": 240, "first_id": 103, "other_answer": False}]
-    assert len(kept) == 197 and {q.id for q in kept}.isdisjoint({140, 190, 240})
+    kept, repeats, conflicting = drop_repeats(load_pool(spec), "exact_match")
+    assert repeats == [{"id": 140, "first_id": 103, "conflict": False},
+                       {"id": 190, "first_id": 105, "conflict": True},
+                       {"id": 240, "first_id": 103, "conflict": False}]
+    assert conflicting == [105]
+    kept_ids = {q.id for q in kept}
+    assert len(kept) == 196 and kept_ids.isdisjoint({105, 140, 190, 240}) and 103 in kept_ids
     cfg = load_config(None, SMALL + [f"paths.root={tmp_path / 'artifacts'}", "task.source=dataset",
                                      f"task.dataset={json.dumps(spec)}", "task.eval_size=32"])
     info = stages.prepare(cfg)
-    assert info["repeats"] == {"rows": 3, "ids": [140, 190, 240], "other_answer": [190]}
-    assert info["pool"] + info["eval"] == 197
-    assert "dropped 3 rows repeating an earlier row's question (ids 140, 190, 240; 1 with another" in \
-        capsys.readouterr().out
+    assert info["repeats"] == {"rows": 3, "ids": [140, 190, 240], "conflicting": [190]}
+    assert info["conflicting"] == {"questions": 1, "ids": [105]}
+    assert info["pool"] + info["eval"] == 196
+    out = capsys.readouterr().out
+    assert "dropped 3 rows repeating an earlier row's question (ids 140, 190, 240)" in out
+    assert "dropped 1 question whose rows give ground truths that exact_match does not take for one answer " \
+           "(first rows' ids 105)" in out
     pool, held = stages.load_data(cfg)
     assert {" ".join(q.prompt.split()) for q in pool}.isdisjoint(" ".join(q.prompt.split()) for q in held)
+    assert {q.id for q in pool + held}.isdisjoint({105, 140, 190, 240})
+
+
+def test_a_repeat_written_otherwise_is_no_conflict_under_math_verify():
+    """Under math_verify, ``\\dfrac{1}{2}`` and ``0.5`` are one answer: such a question keeps its first
+    row (DeepScaleR writes many answers both ways); 150 against 60 is a conflict."""
+    rows = [("half?", "\\dfrac{1}{2}"), ("divisors?", "150"), ("half? ", "0.5"), ("divisors?", "60"),
+            ("other?", "7")]
+    questions = [Question(i, p, a) for i, (p, a) in enumerate(rows)]
+    kept, repeats, conflicting = drop_repeats(questions, "math_verify")
+    assert [q.id for q in kept] == [0, 4] and conflicting == [1]
+    assert repeats == [{"id": 2, "first_id": 0, "conflict": False},
+                       {"id": 3, "first_id": 1, "conflict": True}]
 
 
 def test_deepscaler_ground_truths_math_verify_cannot_parse(capsys):

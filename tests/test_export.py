@@ -185,6 +185,30 @@ def test_evaluate_names_the_questions_of_an_extra_set_that_are_also_in_the_pool(
             "scores are not held out") in capsys.readouterr().out
 
 
+def test_evaluate_scores_a_set_as_its_file_has_it_naming_repeats_and_conflicts(trained, tmp_path, capsys):
+    """A benchmark file is scored row by row, so that its score compares with those published on it; a
+    repeated question (counted twice) and one whose rows' ground truths conflict (every answer scored
+    wrong against one label) are named on a line and kept in the results."""
+    from dots.config import HeldoutSet
+
+    cfg, _ = trained
+    _, held = stages.load_data(cfg)
+    a, b = held[0], held[1]
+    rows = [{"q": a.prompt, "a": a.answer, "i": 10}, {"q": b.prompt, "a": b.answer, "i": 11},
+            {"q": a.prompt + " ", "a": a.answer, "i": 12}, {"q": b.prompt, "a": b.answer + "9", "i": 13}]
+    (tmp_path / "extra.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    extra = HeldoutSet(name="extra", path=str(tmp_path / "extra.jsonl"), question="q", answer="a", id="i")
+    cfg = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"sets": [extra], "samples": 0}),
+                                 "tracking": cfg.tracking.model_copy(update={"enabled": False})})
+    out = stages.evaluate(cfg, "grpo")["heldout"]
+    assert out["extra"]["questions"] == 4
+    assert (out["extra"]["repeats"], out["extra"]["conflicting"]) == ([12, 13], [11])
+    assert not {"repeats", "conflicting", "in_pool"} & set(out["task"])
+    assert ("evaluate: extra: 2 rows (ids 12, 13) repeating an earlier row's question; 1 question whose rows "
+            "give ground truths that exact_match does not take for one answer (first rows' ids 11): "
+            "scored as the file has them") in capsys.readouterr().out
+
+
 def test_dots_evaluate_data_names_the_questions_also_in_the_workspace_pool(tiny_pipeline, tmp_path, capsys):
     """`dots evaluate --data FILE` in a prepared workspace: the file's questions that are also in its
     training pool are named before the model loads, and listed in the JSON (`in_pool`)."""
@@ -193,7 +217,8 @@ def test_dots_evaluate_data_names_the_questions_also_in_the_workspace_pool(tiny_
     from .conftest import default_params, tiny_overrides
 
     pool, _ = stages.load_data(tiny_config(tiny_pipeline.root))
-    rows = [{"q": pool[5].prompt, "a": pool[5].answer, "i": 0}, {"q": "1+2+3+4=", "a": "01", "i": 1}]
+    rows = [{"q": pool[5].prompt, "a": pool[5].answer, "i": 0}, {"q": "1+2+3+4=", "a": "01", "i": 1},
+            {"q": "1+2+3+4=", "a": "01", "i": 2}]  # a repeat, scored as the file has it
     data = tmp_path / "mixed.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     argv = ["evaluate", "-p", default_params(tmp_path), "--data", str(data), "--question", "q",
@@ -202,9 +227,12 @@ def test_dots_evaluate_data_names_the_questions_also_in_the_workspace_pool(tiny_
         argv += ["-S", o]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    said = "evaluate: mixed.jsonl: 1 of 2 questions are also in the training pool (ids 0): their scores"
+    said = "evaluate: mixed.jsonl: 1 of 3 questions are also in the training pool (ids 0): their scores"
     assert said in out
-    assert json.loads(out[out.index("{"):])["in_pool"] == [0]
+    assert "evaluate: mixed.jsonl: 1 row (ids 2) repeating an earlier row's question: scored as" in out
+    result = json.loads(out[out.index("{"):])
+    assert (result["in_pool"], result["repeats"], result["questions"]) == ([0], [2], 3)
+    assert "conflicting" not in result
 
 
 def test_evaluate_refuses_a_method_without_an_export(trained):

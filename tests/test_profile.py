@@ -43,8 +43,9 @@ def test_the_gpu_profile_trains_every_rollout_as_the_paper_does_and_three_of_eig
 
 def test_the_gpu_profile_reads_its_dataset_with_its_reward_and_drops_what_it_cannot_parse(tmp_path, monkeypatch):
     """prepare with the profile's own dataset spec and reward, on the first 3,000 DeepScaleR rows: the two
-    ground truths math-verify cannot parse there (rows 2586 and 2736) are dropped and reported, and the
-    rest split into the profile's held-out size and a pool."""
+    ground truths math-verify cannot parse there (rows 2586 and 2736) are dropped and reported, so are
+    repeated questions and those whose rows conflict, and the rest split into the profile's held-out
+    size and a pool."""
     require_shared(SHARED_DATA / "deepscaler.parquet")
     monkeypatch.chdir(REPO)
     cfg = load_config(PROFILE, [f"paths.root={tmp_path / 'artifacts'}", "task.dataset.limit=3000"])
@@ -53,10 +54,14 @@ def test_the_gpu_profile_reads_its_dataset_with_its_reward_and_drops_what_it_can
     assert info["dropped"] == {"rows": 2, "ids": [2586, 2736]}
     # nine rows there repeat an earlier row's question: left out, or they could sit on both sides
     assert info["repeats"]["ids"] == [775, 1302, 1658, 2011, 2033, 2303, 2399, 2484, 2682]
-    assert info["eval"] == cfg.task.eval_size and info["pool"] + info["eval"] == 3000 - 2 - 9
+    # three of those questions' rows disagree on the answer (12.648 against 12\sqrt{10}; 144 against 432;
+    # 0.293 against 0.295): those questions leave whole, their first rows too
+    assert info["repeats"]["conflicting"] == [775, 1302, 2682]
+    assert info["conflicting"] == {"questions": 3, "ids": [149, 357, 2009]}
+    assert info["eval"] == cfg.task.eval_size and info["pool"] + info["eval"] == 3000 - 2 - 9 - 3
     pool, held = stages.load_data(cfg)
     assert {q.id for q in pool}.isdisjoint({q.id for q in held})
-    assert {2586, 2736}.isdisjoint({q.id for q in pool + held})
+    assert {2586, 2736, 149, 357, 2009}.isdisjoint({q.id for q in pool + held})
     assert {" ".join(q.prompt.split()) for q in pool}.isdisjoint(" ".join(q.prompt.split()) for q in held)
 
 

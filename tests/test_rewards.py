@@ -186,6 +186,20 @@ def test_unreadable_answers_per_reward():
         unreadable_answers("nope", ["1"])
 
 
+def test_same_answers_is_what_the_reward_scores_as_one_answer():
+    """Two ground truths agree when a response giving the first is rewarded against the second: forms
+    math-verify equates agree, DeepScaleR's real conflicts (150 against 60; 12.648 against 12\\sqrt{10},
+    a rounding) do not; exact_match agrees on the text only."""
+    from dots.rewards import same_answers
+
+    pairs = [("\\dfrac{1}{2}", "\\frac{1}{2}"), ("0.5", "\\frac12"), ("12\\%", "12"), ("097", "97"),
+             ("150", "60"), ("12.648", "12\\sqrt{10}"), ("", "3")]
+    assert same_answers("math_verify", pairs) == [True, True, True, True, False, False, False]
+    assert same_answers("exact_match", [("3", "3"), ("3", "4"), ("0.5", "\\frac12")]) == [True, False, False]
+    with pytest.raises(ValueError, match="unknown reward"):
+        same_answers("nope", [("1", "1")])
+
+
 def test_callable_from_threads():
     """math-verify's own timeout (signal.alarm) fails outside the main thread; ours does not."""
     with ThreadPoolExecutor(4) as ex:
