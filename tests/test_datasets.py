@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dots.data import Question
-from dots.datasets import DatasetError, DatasetSpec, dataset_version, drop_repeats, load_pool
+from dots.datasets import DatasetError, DatasetSpec, dataset_version, drop_repeats, load_pool, question_key
 
 from .conftest import SHARED_DATA, require_shared
 
@@ -336,7 +336,7 @@ def test_the_prepare_stage_checks_with_the_configured_reward_and_reports_drops(t
 
 
 def test_a_question_repeated_in_the_file_is_never_both_held_out_and_in_the_pool(tmp_path, capsys):
-    """Rows that repeat an earlier row's question (up to whitespace) are left out before the split, named
+    """Rows that repeat an earlier row's question (`question_key`) are left out before the split, named
     on a line and in the stage's info: without that, a seed that puts one copy in the held-out set and
     the other in the pool tests the policy on a question it trained on. A question whose rows give
     answers the reward does not take for one (5 against 55) leaves whole, its first row too: which of
@@ -372,6 +372,19 @@ def test_a_question_repeated_in_the_file_is_never_both_held_out_and_in_the_pool(
     pool, held = stages.load_data(cfg)
     assert {" ".join(q.prompt.split()) for q in pool}.isdisjoint(" ".join(q.prompt.split()) for q in held)
     assert {q.id for q in pool + held}.isdisjoint({105, 140, 190, 240})
+
+
+def test_two_renderings_of_one_question_are_one_question():
+    """DeepScaleR writes some questions twice with other spacing or delimiters (``$PQ=PR$`` against
+    ``$PQ = PR$``, ``\\( n \\)`` against ``$n$``: 20 rows beyond the 150 that whitespace alone finds);
+    they are one question, and a question that says something else stays another."""
+    same = [("Let $PQ=PR$.", "Let $PQ = PR$ ."), ("Find \\( n^{4} \\)", "Find $n^{4}$"),
+            ("$\\dfrac{1}{2}$", "\\[\\frac{1}{2}\\]"), ("$\\left( x \\right)$", "$(x)$"), ("a\\,b", "a b"),
+            ("$a\\quad b$", "$a\nb$")]
+    differ = [("$2+3$", "$2*3$"), ("Find $x$.", "Find $y$."), ("$1,2$", "$12$"), ("$\\leftarrow$", "$arrow$"),
+              ("$\\quadrilateral$", "$rilateral$"), ("What is $x$?", "what is $x$?")]
+    assert [question_key(a) == question_key(b) for a, b in same] == [True] * len(same)
+    assert [question_key(a) == question_key(b) for a, b in differ] == [False] * len(differ)
 
 
 def test_a_repeat_written_otherwise_is_no_conflict_under_math_verify():
