@@ -50,6 +50,8 @@ class Paths:
     @property
     def eval(self) -> Path: return self.root / "data" / "eval.jsonl"
     @property
+    def prepared(self) -> Path: return self.root / "data" / "prepare.json"
+    @property
     def warmup(self) -> Path: return self.root / "models" / "warmup"
     @property
     def policy(self) -> Path: return self.warmup / "final"
@@ -129,6 +131,9 @@ def split_dataset(cfg: Config, dropped: list[dict] | None = None, repeats: list[
 
 
 def prepare(cfg: Config) -> dict:
+    """prepare: the pool and the held-out set, and `prepare.json` beside them: their sizes and every
+    row left out, by id and why (a printed line names only the first ids of each kind, and DeepScaleR
+    leaves out 207 rows)."""
     dropped: list[dict] = []
     repeats: list[dict] = []
     conflicting: list[int] = []
@@ -146,12 +151,17 @@ def prepare(cfg: Config) -> dict:
     say(f"prepare: {len(pool)} pool questions, {len(held)} held-out, {kind} -> {p.pool.parent}")
     info = {"pool": len(pool), "eval": len(held)}
     if dropped:  # task.dataset.unparseable=drop: rows whose ground truth the reward cannot read
-        info["dropped"] = {"rows": len(dropped), "ids": [d["id"] for d in dropped]}
-    if repeats:  # rows repeating an earlier row's question: left out of both pool and held-out set
+        info["dropped"] = {"rows": len(dropped), "ids": [d["id"] for d in dropped],
+                           "why": [d["why"] for d in dropped]}
+    if repeats:  # rows repeating an earlier row's question (first_ids: that row's): left out of both sides
         info["repeats"] = {"rows": len(repeats), "ids": [r["id"] for r in repeats],
+                           "first_ids": [r["first_id"] for r in repeats],
                            "conflicting": [r["id"] for r in repeats if r["conflict"]]}
     if conflicting:  # the first rows of questions whose ground truths conflict: left out too
         info["conflicting"] = {"questions": len(conflicting), "ids": conflicting}
+    _write_json(p.prepared, info)
+    if len(info) > 2:
+        say(f"prepare: every row left out, and why: {p.prepared}")
     return info
 
 

@@ -330,6 +330,8 @@ def test_the_prepare_stage_checks_with_the_configured_reward_and_reports_drops(t
     assert "row 7 (id 107, line 8)" in str(err.value) and "row 150 (id 250, line 151)" in str(err.value)
     assert not (tmp_path / "refuse").exists()  # nothing written
     cfg, info = prepare("drop")
+    why = info["dropped"].pop("why")  # each row's reason, as the error above named it
+    assert len(why) == 2 and all(reason and reason in str(err.value) for reason in why), why
     assert info == {"pool": 166, "eval": 32, "dropped": {"rows": 2, "ids": [107, 250]}}
     pool, held = stages.load_data(cfg)
     assert {q.id for q in pool + held}.isdisjoint({107, 250}) and len(pool + held) == 198
@@ -362,10 +364,14 @@ def test_a_question_repeated_in_the_file_is_never_both_held_out_and_in_the_pool(
     cfg = load_config(None, SMALL + [f"paths.root={tmp_path / 'artifacts'}", "task.source=dataset",
                                      f"task.dataset={json.dumps(spec)}", "task.eval_size=32"])
     info = stages.prepare(cfg)
-    assert info["repeats"] == {"rows": 3, "ids": [140, 190, 240], "conflicting": [190]}
+    assert info["repeats"] == {"rows": 3, "ids": [140, 190, 240], "first_ids": [103, 105, 103],
+                               "conflicting": [190]}
     assert info["conflicting"] == {"questions": 1, "ids": [105]}
     assert info["pool"] + info["eval"] == 196
+    prepared = tmp_path / "artifacts" / "data" / "prepare.json"
+    assert json.loads(prepared.read_text()) == info  # every id, where the printed lines stop at ten
     out = capsys.readouterr().out
+    assert f"prepare: every row left out, and why: {prepared}" in out
     assert "dropped 3 rows repeating an earlier row's question (ids 140, 190, 240)" in out
     assert "dropped 1 question whose rows give ground truths that exact_match does not take for one answer " \
            "(first rows' ids 105)" in out
