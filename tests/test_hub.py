@@ -106,6 +106,59 @@ def test_the_cli_refuses_an_uncached_policy_in_one_line_before_any_work(hub_cach
     assert not (root / "data").exists()  # `dots all` stopped before preparing the data
 
 
+def test_a_sentence_transformers_backbone_is_named_as_the_hub_knows_it(tmp_path, monkeypatch):
+    """sentence-transformers reads a bare name as its own organisation's model; a folder stays a path;
+    before 2.3 the library kept its models outside the Hugging Face cache, so none is checked there."""
+    import importlib.metadata
+
+    from dots.config import load_config
+
+    def named(backbone: str) -> dict:
+        return config_models(load_config(None, [f"embed.backbone={backbone}"]), policy=False)
+
+    assert named("sentence-transformers:all-MiniLM-L6-v2") == {
+        "embed.backbone": "sentence-transformers/all-MiniLM-L6-v2"}
+    assert named("sentence-transformers:BAAI/bge-small-en-v1.5") == {
+        "embed.backbone": "BAAI/bge-small-en-v1.5"}
+    folder = tmp_path / "encoder"
+    folder.mkdir()
+    assert named(f"sentence-transformers:{folder}") == {"embed.backbone": str(folder)}
+    assert named("warmup") == {}
+    version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: "2.2.2" if name == "sentence-transformers" else version(name))
+    assert named("sentence-transformers:all-MiniLM-L6-v2") == {}
+
+
+@pytest.mark.parametrize("command", ["all", "embed"])
+def test_a_sentence_transformers_backbone_this_machine_cannot_load_is_one_line_before_any_work(
+        hub_cache, tmp_path, capsys, monkeypatch, command):
+    """Without the package, the embed stage found out only when it encoded (`dots all`: after the
+    warm-up); offline without the model in the cache, SentenceTransformer's own traceback, as late."""
+    import importlib.machinery
+    import importlib.util
+
+    root = tmp_path / "artifacts"
+    argv = [command, "-p", str(REPO / "params.yaml"), "-S", f"paths.root={root}",
+            "-S", "embed.backbone=sentence-transformers:all-MiniLM-L6-v2"]
+    if importlib.util.find_spec("sentence_transformers") is None:
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.strip() == (f"dots {command}: embed.backbone: sentence-transformers is not installed "
+                               "(pip install sentence-transformers), or use embed.backbone: warmup or "
+                               "hf:<name or path>")
+        assert not (root / "data").exists()
+        find_spec = importlib.util.find_spec  # installed, from here on
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: importlib.machinery.ModuleSpec(
+            name, None) if name == "sentence_transformers" else find_spec(name, *rest))
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"dots {command}: embed.backbone: sentence-transformers/all-MiniLM-L6-v2: not in "
+                          "the Hugging Face cache")
+    assert "`hf download sentence-transformers/all-MiniLM-L6-v2" in err and "Traceback" not in err
+    assert not (root / "data").exists()
+
+
 @pytest.mark.parametrize("override, said", [
     ("train.device=cuda", "train.device: 'cuda' asked for but no GPU is visible"),
     ("rollout.engine=vllm", "rollout.engine: 'vllm' needs the gpu extra (pip install 'dots[gpu]') and a GPU; "
