@@ -462,9 +462,8 @@ def drop_repeats(questions: list[Question], reward: str,
     same = same_answers(reward, [(earlier.answer, q.answer) for earlier, q in repeated], timeout_s)
     repeats = [{"id": q.id, "first_id": earlier.id, "conflict": not agrees}
                for (earlier, q), agrees in zip(repeated, same)]
-    conflicting = sorted({r["first_id"] for r in repeats if r["conflict"]})
-    gone = set(conflicting)
-    return [q for q in kept if q.id not in gone], repeats, conflicting
+    gone = {r["first_id"] for r in repeats if r["conflict"]}
+    return [q for q in kept if q.id not in gone], repeats, sorted(gone)
 
 
 def say_repeats(name: str, questions: list[Question], reward: str,

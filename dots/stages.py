@@ -28,8 +28,9 @@ from .determinism import GlobalRng, setup_from_config
 from .config import TRAITS, Config
 from .data import Question, generate, load_questions, save_questions
 from .distributed import launched_main, launched_world_size
-from .embeddings import (StaleCacheError, backbone_identity, encode_with_sentence_transformers, load_embeddings,
-                         masked_mean_embeddings, save_embeddings)
+from .embeddings import (SENTENCE_TRANSFORMERS, StaleCacheError, backbone_identity,
+                         encode_with_sentence_transformers, load_embeddings, masked_mean_embeddings,
+                         save_embeddings)
 from .evaluation import pass_rates, spectrum, task_io
 from .models import load_policy, resolve_device
 from .predictor import load_predictor, save_predictor
@@ -160,7 +161,7 @@ def prepare(cfg: Config) -> dict:
     if conflicting:  # the first rows of questions whose ground truths conflict: left out too
         info["conflicting"] = {"questions": len(conflicting), "ids": conflicting}
     _write_json(p.prepared, info)
-    if len(info) > 2:
+    if dropped or repeats or conflicting:
         say(f"prepare: every row left out, and why: {p.prepared}")
     return info
 
@@ -242,8 +243,9 @@ def embed(cfg: Config) -> dict:
                                  key="embed.backbone")
         model.to(resolve_device(cfg.train.device))
         emb = masked_mean_embeddings(model, tok, texts, cfg.embed.batch_size, cfg.embed.pooling)
-    elif cfg.embed.backbone.startswith("sentence-transformers:"):
-        emb = encode_with_sentence_transformers(cfg.embed.backbone.split(":", 1)[1], texts, cfg.embed.batch_size)
+    elif cfg.embed.backbone.startswith(SENTENCE_TRANSFORMERS):
+        name = cfg.embed.backbone[len(SENTENCE_TRANSFORMERS):]
+        emb = encode_with_sentence_transformers(name, texts, cfg.embed.batch_size)
     else:
         raise ValueError(f"embed.backbone: {cfg.embed.backbone!r}; allowed: 'warmup', 'hf:<name or path>' "
                          "or 'sentence-transformers:<name>'")
