@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .faults import fault_point
-
+from .processes import pid_alive
 
 FULL_BELOW = 1 << 20  # bytes free after a failed write under which the disk is what failed
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # the errors a full disk or quota gives
@@ -49,42 +49,6 @@ def disk_full(path: Path, doing: str, written: int, kept: str, left: str = "", t
     return DiskFull(errno.ENOSPC, f"{path}: its disk filled while {doing} ({written / 2**20:.1f} MiB "
                     f"written, {free_bytes(path.parent) / 2**20:.1f} MiB left{left}): {kept}. Free space (or "
                     f"point paths.root elsewhere) and run the same command again{then}")
-
-
-def process_started(pid: int) -> float | None:
-    """When process `pid` started, as an opaque number (None when it is gone): with its pid, what
-    names a process, since a pid is reused once its process has ended. On Linux the kernel's start
-    time in clock ticks since boot (/proc/<pid>/stat): exact, where psutil's wall-clock start time
-    moves with the boot time it is computed from (by seconds on a VM, so a live flow's stage once
-    took its flow for dead); elsewhere psutil's, to the second."""
-    try:
-        return float(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except FileNotFoundError:
-        if Path("/proc/self/stat").exists():
-            return None  # Linux, and the process is gone
-    except (OSError, IndexError, ValueError):
-        pass
-    import psutil  # noqa: PLC0415  (a DVC dependency)
-
-    try:
-        return float(int(psutil.Process(pid).create_time()))
-    except psutil.Error:
-        return None
-
-
-def pid_alive(pid: int, started: float | None = None) -> bool:
-    """Whether process `pid` exists (another user's included) and, given `started`
-    (`process_started` when it was recorded), is that same process and not a later one with its pid."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    if started is None:
-        return True
-    now = process_started(pid)
-    return now == started
 
 
 def _drop_orphans(path: Path) -> None:

@@ -364,7 +364,8 @@ class RolloutConfig(_Section):
 class RewardConfig(_Section):
     name: Literal["exact_match", "math_verify"] = Field("exact_match", description="exact_match (embedded "
                                                         "task) or math_verify (boxed LaTeX answers)")
-    timeout_s: float = _range(0, 600, lo_open=True, default=5.0, desc="bound on one math_verify check")
+    timeout_s: float = _range(0, 600, lo_open=True, default=5.0,
+                              desc="CPU seconds one math_verify check may take")
 
 
 class EvalConfig(_Section):

@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .atomic import atomic_path, pid_alive, process_started
+from .atomic import atomic_path
+from .processes import pid_alive, process_started
 
 RECORD = ".dots.params-overridden.json"
 USERS = ".dots.params-user.yaml"

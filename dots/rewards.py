@@ -25,6 +25,11 @@ whole run, so every verification is bounded *from outside*:
   (cheap: the worker lives on);
 - the parent kills a worker that has not answered by ``timeout_s + grace`` (stuck in C
   code) and starts a replacement in the background; that answer scores 0.0;
+- both clocks count the worker's CPU time, not the wall clock (the parent reads it from
+  ``/proc``; elsewhere it falls back to the wall clock), so whether an answer times out does
+  not depend on how loaded the machine is: a reward, and the ground-truth checks of
+  ``dots prepare``, come out the same on a busy machine as on an idle one. A worker that gets
+  no CPU at all for ``WALL_FACTOR`` times its budget (stopped, or blocked) is killed as well;
 - each worker's address space is capped (``DOTS_REWARD_MEMORY_MB``, default 4096) so a
   huge number fails with MemoryError instead of swapping the machine;
 - any exception while scoring one answer scores 0.0 for that answer. Only a worker that
@@ -52,6 +57,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
+from .processes import cpu_seconds
 from .redact import environ_snapshot
 
 
@@ -66,6 +72,9 @@ def exact_match(text: str, answer: str) -> float:
 
 DEFAULT_TIMEOUT_S = 5.0
 GRACE_S = 0.5  # extra time the parent grants before killing a worker that ignores its own alarm
+# An item's budget is CPU time; past this many times it in wall-clock seconds the worker is taken
+# for hung (stopped, blocked), however little CPU it used. Generous: a loaded machine is not a hang.
+WALL_FACTOR = 10.0
 STARTUP_TIMEOUT_S = 120.0  # importing sympy on a loaded machine can take a while
 
 
@@ -142,7 +151,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     def on_alarm(signum, frame):
         raise _Timeout()
 
-    signal.signal(signal.SIGALRM, on_alarm)
+    signal.signal(signal.SIGPROF, on_alarm)  # ITIMER_PROF: the budget is this process's CPU time
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
     latex_only = [LatexExtractionConfig()]
     # Boxed answers first (the prompt asks for \boxed{}), then any other LaTeX, then plain expressions.
@@ -180,7 +189,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
         return {"parsed": parse_gold(answer)[1]}
 
     try:
-        results.send_bytes(b'{"ready": true}')
+        results.send_bytes(json.dumps({"ready": True, "cpu": time.process_time()}).encode())
     except (BrokenPipeError, OSError):
         return  # the parent went away (or closed the pool) while we were starting
     while True:
@@ -194,19 +203,19 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
         for item in job["items"]:
             status, out = "ok", {}
             try:
-                signal.setitimer(signal.ITIMER_REAL, max(float(job["timeout"]), 1e-3))
+                signal.setitimer(signal.ITIMER_PROF, max(float(job["timeout"]), 1e-3))
                 try:
                     out = work(item)
                 finally:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    signal.setitimer(signal.ITIMER_PROF, 0)
             except _Timeout:
                 status = "timeout"
             except BaseException as exc:  # noqa: BLE001 - any failure scores 0.0 / reads as unparsed
                 status = f"error: {type(exc).__name__}"
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     return
-            try:
-                results.send_bytes(json.dumps({**out, "status": status}).encode())
+            try:  # "cpu": where the parent starts counting the next item's budget
+                results.send_bytes(json.dumps({**out, "status": status, "cpu": time.process_time()}).encode())
             except (BrokenPipeError, OSError):
                 return
 
@@ -234,7 +243,25 @@ class _Worker:
         self.ready = False
         self.started = time.monotonic()
         self.job: list[int] | None = None  # indices of the items sent and not yet answered, in order
-        self.deadline = math.inf
+        self.cpu = 0.0  # the worker's CPU seconds at its last reply
+        self.cpu_limit = math.inf  # ... at which its current item has run out of budget (+ grace)
+        self.item_started = 0.0  # wall clock, when the current item's budget began
+        self.check_at = math.inf  # wall clock, the earliest its budget could run out: look then
+
+    def start_item(self, now: float, budget_s: float) -> None:
+        self.cpu_limit, self.item_started, self.check_at = self.cpu + budget_s, now, now + budget_s
+
+    def out_of_time(self, now: float, budget_s: float, wall_factor: float) -> bool:
+        """Whether the current item has used up its CPU budget (or, past ``wall_factor`` times it in
+        wall-clock time, got no CPU at all); if not, when to look again (``check_at``). CPU time runs
+        no faster than the wall clock for this one-threaded worker, so looking earlier is never needed."""
+        if now < self.check_at:
+            return False
+        cpu = cpu_seconds(self.proc.pid)
+        if cpu is None or cpu >= self.cpu_limit or now - self.item_started >= wall_factor * budget_s:
+            return True  # (no /proc: the wall clock, as the budget's only measure)
+        self.check_at = min(now + self.cpu_limit - cpu, self.item_started + wall_factor * budget_s)
+        return False
 
     def kill(self) -> None:
         try:
@@ -266,10 +293,11 @@ class MathVerifyPool:
     is killed for running past its deadline; :attr:`stats` counts outcomes.
     """
 
-    def __init__(self, workers: int | None = None) -> None:
+    def __init__(self, workers: int | None = None, wall_factor: float = WALL_FACTOR) -> None:
         if workers is None:
             workers = int(os.environ.get("DOTS_REWARD_WORKERS", "0")) or min(8, os.cpu_count() or 1)
         self.size = max(1, int(workers))
+        self.wall_factor = float(wall_factor)
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()  # a forked child must not touch (or kill) its parent's workers
@@ -312,7 +340,7 @@ class MathVerifyPool:
     # -- scoring -----------------------------------------------------------------------------
     def score(self, texts: Sequence[str], answers: Sequence[str],
               timeout_s: float = DEFAULT_TIMEOUT_S) -> list[float]:
-        """Scores in {0.0, 1.0}, one per (text, answer); each bounded by ~timeout_s of work."""
+        """Scores in {0.0, 1.0}, one per (text, answer); each bounded by ~timeout_s of CPU time."""
         if len(texts) != len(answers):
             raise ValueError(f"math_verify_rewards: {len(texts)} texts but {len(answers)} answers")
         timeout_s = _positive_timeout(timeout_s, "math_verify_rewards")
@@ -357,7 +385,8 @@ class MathVerifyPool:
                   done: Callable[[int, dict | None, str], None]) -> None:
         """Send ``items[i]`` for i in ``todo`` to the workers, ``chunk`` per request, and call
         ``done(i, reply, outcome)`` once per item: outcome "ok" with the worker's reply, or reply None
-        and outcome "killed" (no answer by ``timeout_s`` + grace) or "died" (the worker exited)."""
+        and outcome "killed" (no answer within ``timeout_s`` + grace of CPU time) or "died" (the worker
+        exited)."""
         queue = [todo[k:k + chunk] for k in range(0, len(todo), chunk)]
         queue.reverse()  # pop() from the end hands out work in order
         with self._lock:
@@ -400,9 +429,10 @@ class MathVerifyPool:
                         queue.append(job)  # the worker died while idle: not this item's fault
                         self._replace(w)
                         continue
-                    w.job, w.deadline = list(job), now + timeout_s + GRACE_S
+                    w.job = list(job)
+                    w.start_item(now, timeout_s + GRACE_S)
                     busy += 1
-            deadlines = [w.deadline for w in self._workers if w.job is not None]
+            deadlines = [w.check_at for w in self._workers if w.job is not None]
             deadlines += [w.started + STARTUP_TIMEOUT_S for w in self._workers if not w.ready]
             wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             readable = wait([w.results for w in self._workers], timeout=wait_s)
@@ -417,6 +447,7 @@ class MathVerifyPool:
                         if msg is None or "error" in msg:
                             self._startup_failed("exited" if msg is None else msg["error"])
                         w.ready = True
+                        w.cpu = float(msg.get("cpu", 0.0))
                     elif w.job is None:
                         if msg is None:  # died while idle: replace it
                             self._replace(w)
@@ -424,14 +455,15 @@ class MathVerifyPool:
                         give_up(w, "died")
                     else:
                         i = w.job.pop(0)
+                        w.cpu = float(msg.get("cpu", w.cpu))
                         if w.job:
-                            w.deadline = now + timeout_s + GRACE_S  # the clock restarts for the next item
+                            w.start_item(now, timeout_s + GRACE_S)  # the budget restarts for the next item
                         else:
                             busy -= 1
-                            w.job, w.deadline = None, math.inf
+                            w.job, w.check_at = None, math.inf
                         done(i, msg, "ok")
-                elif w.job is not None and now >= w.deadline:
-                    give_up(w, "killed")  # stuck where its own alarm cannot reach (C code)
+                elif w.job is not None and w.out_of_time(now, timeout_s + GRACE_S, self.wall_factor):
+                    give_up(w, "killed")  # stuck where its own alarm cannot reach (C code), or hung
                 elif not w.ready and now >= w.started + STARTUP_TIMEOUT_S:
                     self._startup_failed(f"not ready after {STARTUP_TIMEOUT_S:.0f}s")
 
@@ -529,8 +561,8 @@ def unreadable_answers(reward: str, answers: Sequence[str],
                 "response, so no response can ever match it" for a in answers]
     why = {"unparsed": "math-verify cannot parse it (as \\boxed{} or $...$), so only a verbatim copy of "
                        "the text would ever be rewarded",
-           "timeout": f"math-verify did not parse it within reward.timeout_s={timeout_s:g}s, so every "
-                      "response to it would time out"}
+           "timeout": f"math-verify did not parse it within reward.timeout_s={timeout_s:g}s of CPU time, so "
+                      "every response to it would time out"}
     out = []
     for status in _pool().check_answers(answers, timeout_s):
         out.append(None if status is None else why.get(status, f"math-verify failed on it ({status})"))

@@ -256,7 +256,7 @@ def _pid_space() -> str:
 def process_owner() -> str:
     """This process as a run's owner tag: host, pid namespace, pid and the pid's start time (a pid
     is reused once its process has ended)."""
-    from .atomic import process_started  # noqa: PLC0415
+    from .processes import process_started  # noqa: PLC0415
 
     return f"{socket.gethostname()} {_pid_space()} {os.getpid()} {process_started(os.getpid())}"
 
@@ -264,7 +264,7 @@ def process_owner() -> str:
 def owner_gone(tag: str) -> int | None:
     """The pid of an owner tag (`process_owner`) of this host and pid namespace whose process is
     gone, else None (alive, another host's or container's, or a tag this version does not read)."""
-    from .atomic import pid_alive  # noqa: PLC0415
+    from .processes import pid_alive  # noqa: PLC0415
 
     parts = tag.rsplit(" ", 3)
     if len(parts) != 4:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .atomic import pid_alive, process_started
+from .processes import pid_alive, process_started
 from .progress import say
 
 LOCK_NAME = ".dots.lock"

@@ -131,16 +131,17 @@ def test_pathological_answer_times_out_to_zero(text):
 
 
 def test_worker_stuck_beyond_its_alarm_is_killed_and_replaced():
-    """A worker that cannot be interrupted (stopped here; stuck in C code in real life) costs the
-    timeout plus grace, scores 0.0, and is replaced by a working one."""
-    pool = MathVerifyPool(workers=1)
+    """A worker that cannot be interrupted (stopped here, so taken for hung after wall_factor times its
+    budget; stuck in C code in real life, killed when that has used the budget's CPU time) scores 0.0
+    and is replaced by a working one."""
+    pool = MathVerifyPool(workers=1, wall_factor=2.0)
     try:
         assert pool.score(["\\boxed{6}"], ["6"]) == [1.0]
         os.kill(pool._workers[0].proc.pid, signal.SIGSTOP)
         start = time.perf_counter()
         assert pool.score(["\\boxed{6}"], ["6"], timeout_s=1.0) == [0.0]
         elapsed = time.perf_counter() - start
-        assert elapsed < 1.0 * 3 + 5
+        assert 1.5 * 2.0 <= elapsed < 1.5 * 2.0 + 5
         assert pool.stats["killed"] == 1
         assert pool.score(["\\boxed{6}", "\\boxed{7}"], ["6", "6"]) == [1.0, 0.0]
         os.kill(pool._workers[0].proc.pid, signal.SIGKILL)  # dies while idle: its next answer is re-queued
@@ -150,11 +151,36 @@ def test_worker_stuck_beyond_its_alarm_is_killed_and_replaced():
         pool.close()
 
 
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/stat"), reason="CPU time is read from /proc")
+def test_budget_is_cpu_time_so_a_worker_kept_off_the_cpu_still_answers():
+    """A busy machine must not change a reward: a worker that gets no CPU for three times its budget
+    (stopped here, as a loaded machine's scheduler would leave it waiting) answers when it runs again,
+    and scores as on an idle machine. Counted by the wall clock, it was killed and scored 0.0."""
+    pool = MathVerifyPool(workers=1)
+    try:
+        assert pool.score(["\\boxed{6}"], ["6"]) == [1.0]
+        pid = pool._workers[0].proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        resume = threading.Timer(3.0, os.kill, (pid, signal.SIGCONT))
+        resume.start()
+        start = time.perf_counter()
+        got = pool.score(["\\boxed{6}", "\\boxed{7}"], ["6", "6"], timeout_s=0.5)
+        elapsed = time.perf_counter() - start
+        resume.join()
+        assert got == [1.0, 0.0]
+        assert elapsed >= 3.0 and pool.stats["killed"] == 0
+        assert pool._workers[0].proc.pid == pid  # the same worker, not a replacement
+        got = pool.check_answers(["1", "9^{"], timeout_s=0.5)
+        assert got == [None, "unparsed"]
+    finally:
+        pool.close()
+
+
 def test_ground_truth_check_is_batched_and_a_stuck_worker_costs_one_answer():
     """check_answers sends many answers per request and gets one reply per answer: a worker stuck on
-    one (stopped here) is killed after timeout + grace, that answer reads as a timeout, and the rest of
-    its request is re-sent to the replacement."""
-    pool = MathVerifyPool(workers=1)
+    one (stopped here) is killed (as hung, after wall_factor times timeout + grace), that answer reads
+    as a timeout, and the rest of its request is re-sent to the replacement."""
+    pool = MathVerifyPool(workers=1, wall_factor=2.0)
     try:
         answers = ["1", "\\frac{1}{2}", "7\\sqrt{2}.", "x^2", "1", "\\{x \\mid 2 < x < 3\\}", "3", "4"]
         assert pool.check_answers(answers) == [None, None, "unparsed", None, None, "unparsed", None, None]
@@ -168,7 +194,7 @@ def test_ground_truth_check_is_batched_and_a_stuck_worker_costs_one_answer():
         got = pool.check_answers(["5", "6", "\\frac{7}{8}", "9^{", "10", "11", "12", "13"], timeout_s=1.0)
         elapsed = time.perf_counter() - start
         assert got == ["timeout", None, None, "unparsed", None, None, None, None]
-        assert elapsed < 1.0 * 3 + 30  # the timeout and grace, then a new worker's start-up
+        assert elapsed < 1.5 * 2.0 + 30  # taken for hung, then a new worker's start-up
         assert pool.score(["\\boxed{6}"], ["6"]) == [1.0]  # the replacement scores too
     finally:
         pool.close()

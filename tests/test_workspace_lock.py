@@ -431,7 +431,7 @@ def test_a_command_outside_a_running_flow_reads_the_users_params_not_the_flows(t
 def test_a_pid_reused_by_a_later_process_is_not_the_run_that_held_it(tmp_path):
     """Liveness is the pid and its start time: a run killed whose pid another process now has is
     dead, and its overrides are put back (by pid alone it looked alive, and they stayed)."""
-    from dots.atomic import pid_alive, process_started
+    from dots.processes import pid_alive, process_started
 
     me = os.getpid()
     assert pid_alive(me, process_started(me)) and not pid_alive(me, process_started(me) - 60)
