@@ -332,13 +332,10 @@ def _evaluate(cfg, args) -> None:
 
     data = {"path": args.data, "question": args.question, "answer": args.answer,
             "id": None if args.id.lower() == "none" else args.id, "limit": args.limit}
-    from .data import load_questions  # noqa: PLC0415
-    from .stages import paths, policy_path  # noqa: PLC0415
+    from .stages import policy_path, training_pool  # noqa: PLC0415
 
-    prepared = paths(cfg).pool
-    pool = load_questions(prepared) if prepared.exists() else None  # this workspace's training pool
     result = evaluate_policy(cfg, data, args.policy or policy_path(cfg), args.checkpoint, args.samples,
-                             args.seed, pool)
+                             args.seed, lambda: training_pool(cfg))
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

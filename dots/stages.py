@@ -131,6 +131,27 @@ def split_dataset(cfg: Config, dropped: list[dict] | None = None, repeats: list[
     return pool, held
 
 
+def training_pool(cfg: Config) -> list[Question] | None:
+    """The pool this config trains on, for naming a held-out set's questions that were trained on:
+    this workspace's prepared pool, or where `prepare` has not run here (an exported policy evaluated
+    in another checkout) the pool it would make, made the same way (the same rows, checks and split
+    by `task.seed`; nothing is written). None, said in one line, when the config's data cannot be
+    read here: the evaluation goes on without the check rather than fail for it."""
+    p = paths(cfg)
+    if p.pool.exists():
+        return load_questions(p.pool)
+    where = (f"task.dataset {cfg.task.dataset['path']}" if cfg.task.source == "dataset"
+             else "the synthetic task")
+    say(f"evaluate: {p.pool} is not there (prepare has not run in this workspace): making the training "
+        f"pool from {where} as prepare would, to name the set's questions that are in it")
+    try:
+        return split_dataset(cfg)[0] if cfg.task.source == "dataset" else generate(cfg.task)[0]
+    except (OSError, ValueError) as exc:  # a DatasetError is a ValueError
+        say(f"evaluate: {where}: cannot be read here ({str(exc).splitlines()[0]}), so the set is not "
+            "checked against the training pool")
+        return None
+
+
 def prepare(cfg: Config) -> dict:
     """prepare: the pool and the held-out set, and `prepare.json` beside them: their sizes and every
     row left out, by id and why (a printed line names only the first ids of each kind, and DeepScaleR

@@ -235,6 +235,40 @@ def test_dots_evaluate_data_names_the_questions_also_in_the_workspace_pool(tiny_
     assert "conflicting" not in result
 
 
+def test_evaluate_data_where_prepare_has_not_run_makes_the_pool_as_it_would(tiny_pipeline, tmp_path, capsys):
+    """An exported policy evaluated in another checkout, where prepare has not run: the training pool is
+    made as prepare makes it (nothing written), so a question trained on is still named; before, the
+    check was skipped without a word. A training dataset that cannot be read there is one line, and the
+    set is still scored."""
+    from dots.cli import main
+
+    from .conftest import default_params, tiny_overrides
+
+    pool, _ = stages.load_data(tiny_config(tiny_pipeline.root))
+    rows = [{"q": "1+2+3+4=", "a": "01", "i": 0}, {"q": pool[7].prompt, "a": pool[7].answer, "i": 1}]
+    data = tmp_path / "set.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elsewhere = tmp_path / "elsewhere" / "artifacts"
+    argv = ["evaluate", "-p", default_params(tmp_path), "--data", str(data), "--question", "q",
+            "--answer", "a", "--id", "i", "--policy", str(stages.paths(tiny_pipeline).policy)]
+    for o in tiny_overrides(elsewhere):  # the same task under another root
+        argv += ["-S", o]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert ("is not there (prepare has not run in this workspace): making the training pool from the "
+            "synthetic task as prepare would") in out
+    assert "evaluate: set.jsonl: 1 of 2 questions are also in the training pool (ids 1): their scores" in out
+    assert json.loads(out[out.index("{"):])["in_pool"] == [1]
+    assert not (elsewhere / "data").exists()
+    gone = tmp_path / "gone.jsonl"
+    assert main(argv + ["-S", "task.source=dataset", "-S", f"task.dataset.path={gone}"]) == 0
+    out = capsys.readouterr().out
+    assert f"evaluate: task.dataset {gone}: cannot be read here (" in out
+    assert "so the set is not checked against the training pool" in out
+    result = json.loads(out[out.index("{"):])
+    assert "in_pool" not in result and result["questions"] == 2 and "greedy_accuracy" in result
+
+
 def test_evaluate_refuses_a_method_without_an_export(trained):
     cfg, _ = trained
     with pytest.raises(FileNotFoundError, match="dots train --method dots"):
