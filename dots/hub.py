@@ -29,6 +29,9 @@ def is_hub_name(ref: str | Path) -> bool:
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # one file of weights
 INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")  # or shards an index lists
+# AutoTokenizer builds a tokenizer from any one of these; every hub model dots loads is tokenized
+TOKENIZERS = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+              "sentencepiece.bpe.model")
 
 
 def _cached_file(name: str, filename: str) -> str | None:
@@ -40,11 +43,20 @@ def _cached_file(name: str, filename: str) -> str | None:
 
 def missing_files(name: str) -> list[str] | None:
     """What `name`'s cached snapshot lacks to load: None when it is not in the cache at all, [] when
-    its config and every file of its weights are there. A download cut short leaves a snapshot with
-    its config and only some weights (the hub client links a file into the snapshot once it is
-    whole), which passed a config-only check and failed inside `from_pretrained`."""
+    its config, every file of its weights and a tokenizer are there. A download cut short leaves a
+    snapshot with its config and only some weights (the hub client links a file into the snapshot
+    once it is whole), which passed a config-only check and failed inside `from_pretrained`; a download
+    of chosen files (`hf download NAME config.json model.safetensors`) has no tokenizer, which failed
+    in `AutoTokenizer`, as late."""
     if _cached_file(name, "config.json") is None:
         return None
+    lacks = _missing_weights(name)
+    if not any(_cached_file(name, t) for t in TOKENIZERS):
+        lacks.append("tokenizer files")
+    return lacks
+
+
+def _missing_weights(name: str) -> list[str]:
     if any(_cached_file(name, w) for w in WEIGHTS):
         return []
     for index in INDEXES:

@@ -28,7 +28,8 @@ def hub_cache(tmp_path, monkeypatch):
         (repo / "refs").mkdir(parents=True, exist_ok=True)
         (repo / "refs" / "main").write_text("0123abc")
         (repo / "snapshots" / "0123abc").mkdir(parents=True, exist_ok=True)
-        for file, text in (files or {"config.json": "{}", "model.safetensors": "weights"}).items():
+        files = files or {"config.json": "{}", "model.safetensors": "weights", "tokenizer.json": "{}"}
+        for file, text in files.items():
             (repo / "snapshots" / "0123abc" / file).write_text(text)
 
     return add
@@ -64,8 +65,8 @@ def test_a_model_downloaded_in_part_is_named_with_what_it_lacks(hub_cache):
                                        for i in range(9)}})
     hub_cache("org/sharded", {"config.json": "{}", "model.safetensors.index.json": index,
                               "model-00001-of-00003.safetensors": "w",
-                              "model-00003-of-00003.safetensors": "w"})
-    hub_cache("org/bare", {"config.json": "{}"})
+                              "model-00003-of-00003.safetensors": "w", "vocab.json": "{}"})
+    hub_cache("org/bare", {"config.json": "{}", "tokenizer.model": "sp"})
     refs = {"model.pretrained": "org/sharded", "embed.backbone": "org/bare", "other": "org/nowhere"}
     with pytest.raises(FileNotFoundError) as exc:
         require_cached(refs)
@@ -80,6 +81,19 @@ def test_a_model_downloaded_in_part_is_named_with_what_it_lacks(hub_cache):
     hub_cache("org/sharded", {"model-00002-of-00003.safetensors": "w"})  # the download finished
     hub_cache("org/bare", {"pytorch_model.bin": "w"})
     require_cached({"model.pretrained": "org/sharded", "embed.backbone": "org/bare"})
+
+
+def test_a_model_without_a_tokenizer_is_named_before_any_work(hub_cache):
+    """`hf download NAME config.json model.safetensors` caches a model without its tokenizer, which the
+    weights check passed and `AutoTokenizer` then failed on, inside the stage."""
+    hub_cache("org/untokenized", {"config.json": "{}", "model.safetensors": "w"})
+    with pytest.raises(FileNotFoundError) as exc:
+        require_cached({"model.pretrained": "org/untokenized"})
+    assert str(exc.value).startswith("model.pretrained: org/untokenized: in the Hugging Face cache without "
+                                     "tokenizer files (a download cut short?)")
+    assert "`hf download org/untokenized`" in str(exc.value)
+    hub_cache("org/untokenized", {"vocab.txt": "[PAD]"})  # a BERT-style backbone's one file is enough
+    require_cached({"model.pretrained": "org/untokenized"})
 
 
 def test_the_config_names_its_policy_and_an_hf_backbone():
