@@ -28,8 +28,9 @@ whole run, so every verification is bounded *from outside*:
 - both clocks count the worker's CPU time, not the wall clock (the parent reads it from
   ``/proc``; elsewhere it falls back to the wall clock), so whether an answer times out does
   not depend on how loaded the machine is: a reward, and the ground-truth checks of
-  ``dots prepare``, come out the same on a busy machine as on an idle one. A worker that gets
-  no CPU at all for ``WALL_FACTOR`` times its budget (stopped, or blocked) is killed as well;
+  ``dots prepare``, come out the same on a busy machine as on an idle one. A worker whose
+  answer has taken ``WALL_FACTOR`` times its budget in wall-clock time, however little CPU it
+  got (stopped, blocked), is killed as well;
 - each worker's address space is capped (``DOTS_REWARD_MEMORY_MB``, default 4096) so a
   huge number fails with MemoryError instead of swapping the machine;
 - any exception while scoring one answer scores 0.0 for that answer. Only a worker that
@@ -252,9 +253,10 @@ class _Worker:
         self.cpu_limit, self.item_started, self.check_at = self.cpu + budget_s, now, now + budget_s
 
     def out_of_time(self, now: float, budget_s: float, wall_factor: float) -> bool:
-        """Whether the current item has used up its CPU budget (or, past ``wall_factor`` times it in
-        wall-clock time, got no CPU at all); if not, when to look again (``check_at``). CPU time runs
-        no faster than the wall clock for this one-threaded worker, so looking earlier is never needed."""
+        """Whether the current item has used up its CPU budget, or taken ``wall_factor`` times it in
+        wall-clock time however little CPU it got; if not, when to look again (``check_at``). CPU time
+        runs no faster than the wall clock for this one-threaded worker, so looking earlier is never
+        needed."""
         if now < self.check_at:
             return False
         cpu = cpu_seconds(self.proc.pid)
