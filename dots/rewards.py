@@ -27,8 +27,9 @@ whole run, so every verification is bounded *from outside*:
   code) and starts a replacement in the background; that answer scores 0.0;
 - both clocks count the worker's CPU time, not the wall clock (the parent reads it from
   ``/proc``; elsewhere it falls back to the wall clock), so whether an answer times out does
-  not depend on how loaded the machine is: a reward, and the ground-truth checks of
-  ``dots prepare``, come out the same on a busy machine as on an idle one. A worker whose
+  not depend on how long it waited for a core: a reward, and the ground-truth checks of
+  ``dots prepare``, come out the same on a busy machine as on an idle one (up to the CPU time
+  itself growing under contention: ``scripts/reward_load_probe.py``). A worker whose
   answer has taken ``WALL_FACTOR`` times its budget in wall-clock time, however little CPU it
   got (stopped, blocked), is killed as well;
 - each worker's address space is capped (``DOTS_REWARD_MEMORY_MB``, default 4096) so a
