@@ -35,17 +35,17 @@ from .engines import engine_for
 
 def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path,
                     checkpoint: str | Path | None = None, samples: int = 0, seed: int = 0,
-                    pool: list | Callable[[], list | None] | None = None) -> dict:
+                    training_pool: Callable[[], list | None] | None = None) -> dict:
     """Greedy accuracy (and pass@G, mean@G when `samples` = G > 0) of a policy on a held-out set;
-    with the training `pool`, the ids of the set's questions that are also in it (`in_pool`). `pool`
-    may be a function that makes it, called once the set has been read and checked: a bad file is
-    named before the seconds a training pool can take to make."""
+    with `training_pool`, a function that makes the pool trained on, the ids of the set's questions
+    that are also in it (`in_pool`). A function, called once the set has been read and checked: a bad
+    file is named before the seconds a training pool can take to make."""
     from .datasets import load_pool, say_in_pool, say_repeats  # noqa: PLC0415
 
     # every row validated, ground truths parsed as the reward parses them, before any model loads
     questions = load_pool(data, reward=cfg.reward.name, timeout_s=cfg.reward.timeout_s)
     found = say_repeats(Path(data["path"]).name, questions, cfg.reward.name, cfg.reward.timeout_s)
-    pool = pool() if callable(pool) else pool
+    pool = training_pool() if training_pool else None
     overlap = say_in_pool(Path(data["path"]).name, questions, pool) if pool else []  # before the model loads
     start = time.perf_counter()
     setup_from_config(cfg)

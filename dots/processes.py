@@ -1,10 +1,11 @@
 """Which process is which, and what it has used, read from the kernel: a process's start time
-(with its pid, what names it, since pids are reused), whether it is alive, its CPU time.
+(with its pid, what names it, since pids are reused), this process's pid namespace, whether a
+process is alive, its CPU time.
 
 Several places record "this process" to judge later whether it is gone (the workspace lock, the
 params record a flow restores, the `dots.owner` tag of a training run, an atomic write's temporary
 file), and the math-verify pool bounds each answer by its worker's CPU time: they all read
-``/proc/<pid>/stat`` through here, with psutil (a DVC dependency) where there is no ``/proc``."""
+``/proc`` through here, with psutil (a DVC dependency) where there is no ``/proc``."""
 
 from __future__ import annotations
 
@@ -53,6 +54,15 @@ def process_started(pid: int) -> float | None:
         return float(int(psutil.Process(pid).create_time()))
     except psutil.Error:
         return None
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace ("pid:[4026531836]" on Linux, "-" where it cannot be read): a pid
+    names a process only within it."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "-"
 
 
 def pid_alive(pid: int, started: float | None = None) -> bool:

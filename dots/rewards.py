@@ -249,11 +249,13 @@ class _Worker:
         self.cpu_limit = math.inf  # ... at which its current item has run out of budget (+ grace)
         self.item_started = 0.0  # wall clock, when the current item's budget began
         self.check_at = math.inf  # wall clock, the earliest its budget could run out: look then
+        self.budget_s = 0.0  # the current item's: timeout + grace
 
     def start_item(self, now: float, budget_s: float) -> None:
-        self.cpu_limit, self.item_started, self.check_at = self.cpu + budget_s, now, now + budget_s
+        self.budget_s, self.item_started, self.check_at = budget_s, now, now + budget_s
+        self.cpu_limit = self.cpu + budget_s
 
-    def out_of_time(self, now: float, budget_s: float, wall_factor: float) -> bool:
+    def out_of_time(self, now: float, wall_factor: float) -> bool:
         """Whether the current item has used up its CPU budget, or taken ``wall_factor`` times it in
         wall-clock time however little CPU it got; if not, when to look again (``check_at``). CPU time
         runs no faster than the wall clock for this one-threaded worker, so looking earlier is never
@@ -261,9 +263,10 @@ class _Worker:
         if now < self.check_at:
             return False
         cpu = cpu_seconds(self.proc.pid)
-        if cpu is None or cpu >= self.cpu_limit or now - self.item_started >= wall_factor * budget_s:
+        hung_at = self.item_started + wall_factor * self.budget_s
+        if cpu is None or cpu >= self.cpu_limit or now >= hung_at:
             return True  # (no /proc: the wall clock, as the budget's only measure)
-        self.check_at = min(now + self.cpu_limit - cpu, self.item_started + wall_factor * budget_s)
+        self.check_at = min(now + self.cpu_limit - cpu, hung_at)
         return False
 
     def kill(self) -> None:
@@ -460,12 +463,12 @@ class MathVerifyPool:
                         i = w.job.pop(0)
                         w.cpu = float(msg.get("cpu", w.cpu))
                         if w.job:
-                            w.start_item(now, timeout_s + GRACE_S)  # the budget restarts for the next item
+                            w.start_item(now, w.budget_s)  # the budget restarts for the next item
                         else:
                             busy -= 1
                             w.job, w.check_at = None, math.inf
                         done(i, msg, "ok")
-                elif w.job is not None and w.out_of_time(now, timeout_s + GRACE_S, self.wall_factor):
+                elif w.job is not None and w.out_of_time(now, self.wall_factor):
                     give_up(w, "killed")  # stuck where its own alarm cannot reach (C code), or hung
                 elif not w.ready and now >= w.started + STARTUP_TIMEOUT_S:
                     self._startup_failed(f"not ready after {STARTUP_TIMEOUT_S:.0f}s")

@@ -243,34 +243,26 @@ class Tracker:
                                               f"({_first_line(exc)}); the local file is kept") from None
 
 
-def _pid_space() -> str:
-    """This process's pid namespace ("pid:[4026531836]" on Linux, "-" where it cannot be read).
-    Why in the owner tag: containers on one host can share its hostname (host networking) and one
-    tracking store, each with pids of its own; a pid is only judged from the namespace it is in."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return "-"
-
-
 def process_owner() -> str:
     """This process as a run's owner tag: host, pid namespace, pid and the pid's start time (a pid
-    is reused once its process has ended)."""
-    from .processes import process_started  # noqa: PLC0415
+    is reused once its process has ended). The pid namespace because containers on one host can
+    share its hostname (host networking) and one tracking store, each with pids of its own; a pid
+    is only judged from the namespace it is in."""
+    from .processes import pid_namespace, process_started  # noqa: PLC0415
 
-    return f"{socket.gethostname()} {_pid_space()} {os.getpid()} {process_started(os.getpid())}"
+    return f"{socket.gethostname()} {pid_namespace()} {os.getpid()} {process_started(os.getpid())}"
 
 
 def owner_gone(tag: str) -> int | None:
     """The pid of an owner tag (`process_owner`) of this host and pid namespace whose process is
     gone, else None (alive, another host's or container's, or a tag this version does not read)."""
-    from .processes import pid_alive  # noqa: PLC0415
+    from .processes import pid_alive, pid_namespace  # noqa: PLC0415
 
     parts = tag.rsplit(" ", 3)
     if len(parts) != 4:
         return None
     host, space, pid, started = parts
-    if host != socket.gethostname() or space != _pid_space() or not pid.isdigit():
+    if host != socket.gethostname() or space != pid_namespace() or not pid.isdigit():
         return None
     try:
         start = None if started == "None" else float(started)

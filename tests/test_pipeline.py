@@ -445,7 +445,8 @@ def test_a_run_whose_process_was_killed_outright_is_ended_by_the_next_stage(tmp_
     import signal
     import socket
 
-    from dots.tracking import OWNER_TAG, Tracker, _pid_space
+    from dots.processes import pid_namespace
+    from dots.tracking import OWNER_TAG, Tracker
 
     params = [f"paths.root={tmp_path}", "tracking.experiment=killed"]
     code = ("import os, signal; from dots.config import load_config; from dots.tracking import Tracker; "
@@ -460,7 +461,7 @@ def test_a_run_whose_process_was_killed_outright_is_ended_by_the_next_stage(tmp_
     live, _ = tracker.child("dots")  # the next stage, in this process
     assert f"MLflow run grpo ({stale.info.run_id}) was left RUNNING by process" in capsys.readouterr().out
     elsewhere, _ = tracker.child("rr")
-    tracker.client.set_tag(elsewhere, OWNER_TAG, f"not-{socket.gethostname()} {_pid_space()} 1 1.0")
+    tracker.client.set_tag(elsewhere, OWNER_TAG, f"not-{socket.gethostname()} {pid_namespace()} 1 1.0")
     container, _ = tracker.child("greso")  # this host's name, another container's pids
     tracker.client.set_tag(container, OWNER_TAG, f"{socket.gethostname()} pid:[1] 1 1.0")
     tracker.child("dots_rr")  # and one more: this process's run, another host's and container's stay RUNNING
