@@ -7,6 +7,9 @@
 #      rollout of 64 x 512 tokens: seconds, tokens per second and peak memory beside the plan.
 #   2. the embedded pipeline in bf16 on the GPU, micro-batched: a short `dots all` (grpo, dots_rr).
 #   bash scripts/gpu_check.sh            (writes logs and JSON under $OUT, default /tmp/dots-gpu-check)
+# Before the device call, here: bash scripts/gpu_wheels.sh (pydantic, which the image lacks), and
+# carry .gpu_wheels. tests/test_gpu_check.py runs both steps on the CPU without the packages the
+# image lacks, so a new import or a renamed key shows up in the suite, not in the device minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
