@@ -16,6 +16,9 @@ from __future__ import annotations
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before anything imports transformers
+# DVC's usage report: the repository's .dvc/config turns it off, the repositories the tests make do not;
+# on, every dvc command spawns a sender and, offline, leaves its report in /tmp
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
