@@ -12,6 +12,11 @@ either).
 Which figure decides: the load-adjusted time ratios where both benches have them, as the bench's
 goals judge them; raw seconds otherwise (arms timed one after another, on a GPU). Both are shown,
 each with its own verdict. Exit status as `diff`'s: 0 agree, 1 differ, 2 bad input.
+
+`--ratios-only` (`ratios_only`) is for benches of two machines, such as one of yours against the
+one this repository publishes (`docs/bench/summary.json`): the runs are deterministic for one
+build on one machine, and another CPU's kernels round differently, so its runs are other draws of
+the same algorithms. Their differing steps and tokens are still listed, but only the ratios decide.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ TIME_RATIOS = ("time_to_target_ratio", "time_to_target_adjusted_ratio")
 # what no load can move: the end point too, since the bench pairs it by seed (`end_point_diff`)
 DETERMINISTIC = ("steps_to_target", "tokens_sampled_to_target", "tokens_trained_to_target", "final_smoothed")
 MOVED = 0.05  # a run whose seconds moved 5% apart from its seed's other arms is named
+SHOWN = 10  # --ratios-only: how many differing run figures are listed (another machine's may all differ)
 
 
 class BenchDiffError(ValueError):
@@ -73,10 +79,10 @@ def _runs(summary: dict) -> dict[tuple[str, int], dict]:
     return {(r["method"], r["seed"]): r for r in summary["runs"]}
 
 
-def compare_benches(a: dict, b: dict, tolerance: float = TOLERANCE) -> dict:
+def compare_benches(a: dict, b: dict, tolerance: float = TOLERANCE, ratios_only: bool = False) -> dict:
     """Every median time ratio of two benches side by side with its difference, and every run whose
     steps, tokens to target or end point differ. `within` is True when no ratio differs by more than
-    `tolerance` and every run is identical."""
+    `tolerance` and every run is identical (`ratios_only`: whatever the runs)."""
     for key in ("methods", "seeds", "steps"):
         if a.get(key) != b.get(key):
             raise BenchDiffError(f"the benches differ in '{key}': {a.get(key)} against {b.get(key)}; "
@@ -117,7 +123,8 @@ def compare_benches(a: dict, b: dict, tolerance: float = TOLERANCE) -> dict:
             "moved_runs": moved_runs(a, b), "verdicts": verdicts, "judged": judged,
             "not_one_sitting": {"read_back": [a.get("runs_read_back") or [], b.get("runs_read_back") or []],
                                 "resumed": [a.get("runs_resumed") or [], b.get("runs_resumed") or []]},
-            "within": not mismatched and (judged is None or verdicts[judged]["within"])}
+            "ratios_only": ratios_only,
+            "within": (ratios_only or not mismatched) and (judged is None or verdicts[judged]["within"])}
 
 
 def ratio_difference(a: float | None, b: float | None) -> float | None:
@@ -211,11 +218,19 @@ def render_comparison(result: dict, label_a: str = "A", label_b: str = "B") -> s
     lines += [f"| {m} | {base} | " + " | ".join(cells(kinds.get(k)) for k in TIME_RATIOS) + " |"
               for (m, base), kinds in rows.items()]
     lines.append("")
-    if result["mismatched_runs"]:
-        lines.append(f"{len(result['mismatched_runs'])} run figures that no load can move differ "
-                     "(another commit, build or config?):")
+    mismatched = result["mismatched_runs"]
+    if mismatched and result.get("ratios_only"):
+        runs = len({(m["method"], m["seed"]) for m in mismatched})
+        lines.append(f"{len(mismatched)} run figures that no load can move differ, in {runs} runs; with "
+                     "--ratios-only they do not decide (another machine's or build's runs are other draws)"
+                     + (f"; the first {SHOWN}:" if len(mismatched) > SHOWN else ":"))
         lines += [f"- {m['method']} seed {m['seed']}: {m['field']} {m['a']} against {m['b']}"
-                  for m in result["mismatched_runs"]]
+                  for m in mismatched[:SHOWN]]
+    elif mismatched:
+        lines.append(f"{len(mismatched)} run figures that no load can move differ "
+                     "(another commit, build, config or machine? --ratios-only compares the ratios alone):")
+        lines += [f"- {m['method']} seed {m['seed']}: {m['field']} {m['a']} against {m['b']}"
+                  for m in mismatched]
     else:
         lines.append("Steps and tokens to target, and end points: identical for every run.")
     if result["moved_runs"]:

@@ -5,7 +5,7 @@
          | compare | all
     dots plan                     (peak GPU memory per rank; refuses a config that cannot fit)
     dots evaluate --data FILE [--policy DIR | --checkpoint DIR] [--samples G]   (a held-out math set)
-    dots bench-diff A/summary.json B/summary.json [--tolerance 0.10]   (do two benches agree?)
+    dots bench-diff A/summary.json B/summary.json [--tolerance 0.10] [--ratios-only]   (do two benches agree?)
     torchrun --nproc-per-node N -m dots.cli train ...                         (data-parallel training)
 """
 
@@ -89,6 +89,8 @@ def _parser(prog: str = "dots") -> argparse.ArgumentParser:
     diff.add_argument("a", help="the first bench's summary.json (or its folder)")
     diff.add_argument("b", help="the second bench's summary.json (or its folder)")
     diff.add_argument("--tolerance", type=float, default=None, help="largest allowed difference (default 0.10)")
+    diff.add_argument("--ratios-only", action="store_true",
+                      help="benches of two machines: runs that differ are listed, the ratios alone decide")
     return parser
 
 
@@ -101,7 +103,7 @@ def _bench_diff(args) -> int:
         print(f"dots bench-diff: --tolerance must be >= 0, got {args.tolerance}", file=sys.stderr)
         return 2
     try:
-        result = compare_benches(read_summary(args.a), read_summary(args.b), tolerance)
+        result = compare_benches(read_summary(args.a), read_summary(args.b), tolerance, args.ratios_only)
     except BenchDiffError as exc:
         print(f"dots bench-diff: {exc}", file=sys.stderr)
         return 2

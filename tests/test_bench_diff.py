@@ -96,6 +96,32 @@ def test_runs_whose_steps_or_tokens_differ_are_listed_and_fail_the_comparison():
     assert "dots_rr seed 0: steps_to_target 170 against 180" in render_comparison(result)
 
 
+def test_ratios_only_lists_runs_that_differ_but_lets_the_ratios_decide(tmp_path, capsys):
+    """Benches of two machines (yours against the published one): other draws of the same runs."""
+    a = _summary()
+    b = copy.deepcopy(a)
+    for r in b["runs"]:
+        r["steps_to_target"] += 10
+    assert not compare_benches(a, b)["within"]
+    result = compare_benches(a, b, ratios_only=True)
+    assert result["within"] and len(result["mismatched_runs"]) == 6
+    text = render_comparison(result)
+    assert ("6 run figures that no load can move differ, in 6 runs; with --ratios-only they do not "
+            "decide") in text
+    assert text.endswith("The benches agree on the load-adjusted seconds.")
+    b["summary"]["dapo"]["time_to_target_adjusted_ratio"] = 1.60  # 0.26 from a's 1.34
+    assert not compare_benches(a, b, ratios_only=True)["within"]
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, summary in zip(paths, (a, b)):
+        path.write_text(json.dumps(summary))
+    assert main(["bench-diff", *map(str, paths), "--ratios-only"]) == 1
+    b["summary"]["dapo"]["time_to_target_adjusted_ratio"] = 1.34
+    paths[1].write_text(json.dumps(b))
+    assert main(["bench-diff", *map(str, paths)]) == 1
+    assert "--ratios-only compares the ratios alone" in capsys.readouterr().out
+    assert main(["bench-diff", *map(str, paths), "--ratios-only"]) == 0
+
+
 def test_a_run_whose_end_point_differs_is_listed_and_fails_the_comparison():
     """The end point is as deterministic as the steps (the bench pairs it by seed): two benches of
     one build whose runs end apart are not of the same runs, even with the same steps to target."""

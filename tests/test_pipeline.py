@@ -146,7 +146,7 @@ def test_set_params_refuses_bad_values_and_leaves_the_file_alone(flow_repo):
     assert (repo / "params.yaml").read_text() == before
 
 
-def test_mlflow_store_has_parent_children_names_tags_and_plot(flow_repo):
+def test_mlflow_store_has_parent_children_names_tags_and_plot(flow_repo, tmp_path):
     repo, _, _ = flow_repo
     client, runs = mlflow_runs(repo / "artifacts" / "mlflow.db")
     parents = [r for r in runs if r.data.tags.get("dots.role") == "pipeline"]
@@ -171,7 +171,8 @@ def test_mlflow_store_has_parent_children_names_tags_and_plot(flow_repo):
     # the comparison's paired figures beside the ratio, as the bench logs them
     assert {f"{k}/{m}" for k in ("end_point_diff", "equal_time_diff") for m in children} <= set(parent.data.metrics)
     assert parent.data.metrics["end_point_diff/grpo"] == 0.0
-    png = Path(client.download_artifacts(parent.info.run_id, "learning_curve.png"))
+    # into the test's folder: without dst_path MLflow makes a temporary one and leaves it behind
+    png = Path(client.download_artifacts(parent.info.run_id, "learning_curve.png", dst_path=str(tmp_path)))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
