@@ -30,6 +30,23 @@ torch.set_num_threads(2)
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def torchrun(args: list[str], cwd: str | Path = REPO, timeout: float = 600):
+    """`torchrun --standalone --nproc-per-node 2 ARGS` on the CPU (gloo), its output captured. Its
+    elastic agent makes a folder for the ranks' logs under the temporary directory and leaves it
+    there (torchelastic_*, five a suite run): TMPDIR points it at one removed afterwards."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="dots-torchrun-") as tmp:
+        env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+                   TMPDIR=tmp)
+        env.pop("WORLD_SIZE", None)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
+        return subprocess.run(cmd, check=False, cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+
 TIERS = ("[{operands: 2, digits: 1, weight: 4}, {operands: 2, digits: 2, weight: 2}, "
          "{operands: 2, digits: 3}, {operands: 3, digits: 2}]")
 

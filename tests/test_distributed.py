@@ -9,9 +9,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -23,15 +20,8 @@ from dots.distributed import Dist
 from dots.models import build_model, build_tokenizer, load_policy, save_policy
 from dots.rollout import HFEngine
 
-from .conftest import REPO, default_params, tiny_overrides
+from .conftest import REPO, default_params, tiny_overrides, torchrun
 from .dist_update_worker import one_update
-
-
-def _torchrun(args: list[str], cwd=REPO) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_shards_cover_in_order():
@@ -67,7 +57,7 @@ def test_two_process_update_equals_single_process(tmp_path):
     policy, batch = _saved_batch(tmp_path)
     before = load_policy(policy)[0].state_dict()
     single, loss, stats = one_update(policy, batch)
-    proc = _torchrun(["-m", "tests.dist_update_worker", policy, batch, str(tmp_path)])
+    proc = torchrun(["-m", "tests.dist_update_worker", policy, batch, str(tmp_path)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2]
@@ -93,7 +83,7 @@ def test_torchrun_train_writes_once_and_evaluate_reads_its_checkpoint(tiny_pipel
                                      "train.threads=1", "tracking.enabled=false", "eval.metric=greedy",
                                      "eval.probe_size=64"]:
         args += ["-S", o]
-    proc = _torchrun(args, cwd=tmp_path)
+    proc = torchrun(args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("train dots_rr: final accuracy") == 1, proc.stdout  # rank 0 speaks
 

@@ -13,9 +13,6 @@
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -27,16 +24,9 @@ from dots.models import load_policy
 from dots.rollout import Group
 from dots.update import trained_groups
 
-from .conftest import REPO
+from .conftest import torchrun
 from .fsdp_train_worker import BUDGETS, CHUNKS, one_update
 from .test_distributed import _saved_batch
-
-
-def _torchrun(args: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
-    return subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
 def _one_informative(batch: str, out) -> str:
@@ -68,7 +58,7 @@ def test_two_process_fsdp_update_equals_single_process(tmp_path):
     assert _micro_batches(lone, None) == [1, 0]
     assert _micro_batches(lone, BUDGETS[1])[0] > 1 and _micro_batches(lone, BUDGETS[1])[1] == 0
 
-    proc = _torchrun(["-m", "tests.fsdp_train_worker", "update", policy, str(tmp_path), *batches])
+    proc = torchrun(["-m", "tests.fsdp_train_worker", "update", policy, str(tmp_path), *batches])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2]
@@ -105,7 +95,7 @@ def _same(a, b, path=""):
 
 
 def test_fsdp_trainer_runs_and_resumes_like_an_uninterrupted_run(tiny_pipeline, tmp_path):
-    proc = _torchrun(["-m", "tests.fsdp_train_worker", "train", str(tiny_pipeline.root), str(tmp_path)])
+    proc = torchrun(["-m", "tests.fsdp_train_worker", "train", str(tiny_pipeline.root), str(tmp_path)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     plain = load_policy(stages.paths(tiny_pipeline).policy)[0]

@@ -12,24 +12,14 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from dots.sharding import transformer_blocks
 
-from .conftest import REPO
+from .conftest import torchrun
 from .fsdp_worker import KINDS, MAX_NORM, build, reference_step
-
-
-def _torchrun(args: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
-    return subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_blocks_are_found_or_refused():
@@ -44,7 +34,7 @@ def test_two_process_fsdp_update_equals_single_process(tmp_path):
     for kind in (*KINDS, "gpt2_uneven"):
         initial[kind] = build(kind).state_dict()
         torch.save(initial[kind], tmp_path / f"{kind}.pt")
-    proc = _torchrun(["-m", "tests.fsdp_worker", str(tmp_path), str(tmp_path)])
+    proc = torchrun(["-m", "tests.fsdp_worker", str(tmp_path), str(tmp_path)], timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2]
