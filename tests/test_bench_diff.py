@@ -211,3 +211,21 @@ def test_runs_not_timed_in_one_sitting_of_their_bench_are_named():
         in text
     assert ("Bench A: 1 run resumed from a checkpoint, timed in more than one sitting: "
             "dots_rr seed 1 at step 150.") in text
+
+
+def test_the_published_bench_is_what_make_bench_compares_with(capsys):
+    """docs/bench/summary.json is the README's bench: a summary `dots bench-diff` reads, of the methods,
+    seeds and budget `make bench` runs now (a default changed without a new bench published fails here),
+    with every run timed in one sitting. Compared with itself it agrees."""
+    from dots.bench_diff import read_summary
+    from dots.config import BENCH_METHODS, BENCH_SEEDS, load_config
+
+    from .conftest import REPO
+
+    published = read_summary(REPO / "docs" / "bench")
+    assert published["methods"] == list(BENCH_METHODS) and published["seeds"] == list(BENCH_SEEDS)
+    assert published["steps"] == load_config(REPO / "params.yaml").train.steps
+    assert len(published["runs"]) == len(BENCH_METHODS) * len(BENCH_SEEDS)
+    assert not published["runs_read_back"] and not published["runs_resumed"]
+    assert main(["bench-diff", "--ratios-only", str(REPO / "docs" / "bench"), str(REPO / "docs" / "bench")]) == 0
+    assert "identical for every run" in capsys.readouterr().out
