@@ -33,6 +33,26 @@ class StageError(RuntimeError):
     """A DVC command failed; the message carries the tail of its output."""
 
 
+class NotARepository(ValueError):
+    """A flow's `repo` that holds no dots pipeline."""
+
+
+def require_repository(repo: str | Path) -> Path:
+    """`repo` resolved, or NotARepository naming what it lacks, before a flow takes the folder's
+    lock or runs a stage. Why: a run given the wrong folder (a deployment's `repo` typed wrong in the
+    UI, a deployment made without DOTS_REPO) wrote its lock file there and failed only in its first
+    DVC stage, with DVC's "not inside of a DVC repository", after the stage's retries (42 s)."""
+    path = Path(repo).resolve()
+    if not path.is_dir():
+        raise NotARepository(f"repo {str(repo)!r}: no such folder ({path})")
+    missing = [name for name in ("dvc.yaml", "params.yaml") if not (path / name).is_file()]
+    if missing:
+        raise NotARepository(f"repo {str(repo)!r} ({path}) is not a dots repository: no "
+                             f"{' and no '.join(missing)}; give the flow the repository's path (its `repo` "
+                             "parameter), or set DOTS_REPO to it where the deployments are made or served")
+    return path
+
+
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Our venv's bin first on PATH, so stage commands (`dots ...`) resolve to this install."""
     env = environ_snapshot()  # dict(os.environ) can die of MLflow's telemetry thread changing it

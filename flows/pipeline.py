@@ -31,8 +31,11 @@ def run_env() -> dict[str, str]:
 def workspace(repo: str, flow_name: str):
     """This flow run's hold on the repository: overlapping deployments (a cron and a trigger) take
     turns instead of one failing on DVC's lock or running on the other's overrides; the overrides a
-    killed flow left in params.yaml are undone before this one reads it."""
-    return versioning.held(repo, f"Prefect flow run {flow_run.get_name() or 'local'} of {flow_name}")
+    killed flow left in params.yaml are undone before this one reads it. The holder is named by the
+    run's own flow, which a user finds in the UI (the nightly comparison runs this pipeline as its
+    subflow dots-compare-pipeline); `flow_name` outside a flow run."""
+    name = flow_run.flow_name or flow_name  # attributes, not get_*(): tests set them in the environment
+    return versioning.held(repo, f"Prefect flow run {flow_run.name or 'local'} of {name}")
 
 
 def prepare_models(repo: str, env: dict, remote: str | None = None) -> str:
@@ -47,7 +50,7 @@ def prepare_models(repo: str, env: dict, remote: str | None = None) -> str:
 
 @flow(name="dots-pipeline", log_prints=True)
 def pipeline(repo: str = ".", overrides: list[str] | None = None, remote: str | None = None) -> dict:
-    repo = str(Path(repo).resolve())
+    repo = str(versioning.require_repository(repo))  # before its lock
     # one flow writes the repository at a time; the user's params.yaml is back when this ends
     with workspace(repo, "dots-pipeline"), versioning.params_overridden(overrides, repo):
         cfg = load_config(Path(repo) / "params.yaml")

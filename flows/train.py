@@ -18,7 +18,7 @@ from tasks import stages
 
 @flow(name="dots-train", log_prints=True)
 def train_run(method: str = "dots_rr", repo: str = ".", overrides: list[str] | None = None) -> dict:
-    repo = str(Path(repo).resolve())
+    repo = str(versioning.require_repository(repo))  # before its lock
     # one flow writes the repository at a time; the user's params.yaml is back when this ends
     with workspace(repo, "dots-train"), versioning.params_overridden(overrides, repo):
         cfg = load_config(Path(repo) / "params.yaml")

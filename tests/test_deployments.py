@@ -324,6 +324,7 @@ def test_a_failing_compare_leaves_the_user_params_alone(server, tmp_path, monkey
     params = tmp_path / "params.yaml"
     user_params = b"# mine\ntrain:\n  steps: 7   # seven\n  methods: [grpo, dots_rr]\n"
     params.write_bytes(user_params)
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")  # the stages are faked: the flow asks that it is there
     seen = {}
 
     def failing(stage, repo, env):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dots import params_record, workspace_lock
+from dots import params_record, versioning, workspace_lock
 from dots.workspace_lock import exclusive, holder
 
 from .conftest import REPO
@@ -134,6 +134,7 @@ def test_the_train_flow_holds_the_repo_while_a_dots_all_runs_there(tmp_path, mon
     from flows.train import train_run
 
     (tmp_path / "params.yaml").write_text(PARAMS)
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")  # the stages are faked
     calls: list = []
     _fake_stages(monkeypatch, tmp_path, calls)
     other = _start(HOLDER, tmp_path, "dots all", 1.5)
@@ -448,3 +449,34 @@ def test_a_pid_reused_by_a_later_process_is_not_the_run_that_held_it(tmp_path):
     assert params.read_text() == PARAMS and len(said) == 1
     assert "was stopped before it put the file back" in said[0]
     assert not (tmp_path / params_record.RECORD).exists() and not (tmp_path / params_record.USERS).exists()
+
+
+def test_a_flow_runs_hold_is_named_by_its_own_flow(tmp_path, monkeypatch):
+    """The nightly comparison runs the pipeline as its subflow dots-compare-pipeline: a run waiting
+    for it names that flow (what the UI shows), not the function's usual flow, dots-pipeline."""
+    from flows.pipeline import workspace
+
+    monkeypatch.setenv("PREFECT__RUNTIME__FLOW_RUN__NAME", "brave-otter")
+    monkeypatch.setenv("PREFECT__RUNTIME__FLOW_RUN__FLOW_NAME", "dots-compare-pipeline")
+    with workspace(str(tmp_path), "dots-pipeline"):
+        assert holder(tmp_path)["what"] == "Prefect flow run brave-otter of dots-compare-pipeline"
+    monkeypatch.delenv("PREFECT__RUNTIME__FLOW_RUN__FLOW_NAME")  # not in a flow run: the name given
+    with workspace(str(tmp_path), "dots-pipeline"):
+        assert holder(tmp_path)["what"] == "Prefect flow run brave-otter of dots-pipeline"
+
+
+@pytest.mark.parametrize("flow", ["pipeline", "train", "version_data"])
+def test_a_flow_given_a_folder_that_is_not_a_dots_repository_stops_at_once(tmp_path, flow):
+    """Named before the flow takes the folder's lock (no lock file left there) or runs a stage: it
+    failed in its first DVC stage, with DVC's words, after the stage's retries."""
+    from flows.data import version_data
+    from flows.pipeline import pipeline
+    from flows.train import train_run
+
+    run = {"pipeline": pipeline.fn, "train": train_run.fn, "version_data": version_data.fn}[flow]
+    (tmp_path / "params.yaml").write_text(PARAMS)
+    with pytest.raises(versioning.NotARepository, match=r"not a dots repository: no dvc.yaml; .*DOTS_REPO"):
+        run(repo=str(tmp_path))
+    with pytest.raises(versioning.NotARepository, match="no such folder"):
+        run(repo=str(tmp_path / "elsewhere"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # no .dots.lock, nothing else
