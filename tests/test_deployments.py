@@ -146,6 +146,18 @@ def _wait_for_completion(server: Server, run_id, seconds: float, log: Path) -> o
     return run
 
 
+def wait_for_trigger(server: Server, deployment_id, log: Path) -> None:
+    """Until the server holds the automation of the deployment's event trigger, and a margin for its
+    trigger service to hold it too (an event emitted before then starts nothing)."""
+    def automation():
+        with server.client() as c:
+            return [a for a in c.read_automations() if a.actions
+                    and getattr(a.actions[0], "deployment_id", None) == deployment_id]
+
+    _wait("the trigger's automation", automation, 60, log)
+    time.sleep(2)
+
+
 def _logs(server: Server, flow_run_id=None) -> list:
     """Every log record the API holds (of one flow run), oldest first, page by page."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
@@ -261,13 +273,7 @@ def test_served_deployments_run_on_new_data_and_on_demand(server, tmp_path):
         triggered, nightly = _wait("the served deployments", deployments, 120, log)
         assert nightly.parameters["repo"] == str(repo.resolve())
 
-        def automation():
-            with server.client() as c:
-                return [a for a in c.read_automations() if a.actions
-                        and getattr(a.actions[0], "deployment_id", None) == triggered.id]
-
-        _wait("the trigger's automation", automation, 60, log)
-        time.sleep(2)  # a margin for the trigger service to hold the new automation
+        wait_for_trigger(server, triggered.id, log)
 
         from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
         from prefect.events import emit_event

@@ -480,3 +480,22 @@ def test_a_flow_given_a_folder_that_is_not_a_dots_repository_stops_at_once(tmp_p
     with pytest.raises(versioning.NotARepository, match="no such folder"):
         run(repo=str(tmp_path / "elsewhere"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # no .dots.lock, nothing else
+
+
+def test_the_deployments_pull_step_enters_a_repository_or_says_what_is_wrong(tmp_path, monkeypatch):
+    """prefect.yaml's pull step (flows.steps.enter_repository): DOTS_REPO set nowhere ("" or the
+    template left as is) and a folder that is not a repository are named; a repository is entered."""
+    from flows.steps import enter_repository
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(PARAMS)
+    unset = "DOTS_REPO was set neither"
+    for directory, said in (("", unset), ("{{ $DOTS_REPO }}", unset), (str(tmp_path), "no dvc.yaml")):
+        with pytest.raises(versioning.NotARepository, match=said):
+            enter_repository(directory)
+    assert Path.cwd() == tmp_path
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "dvc.yaml").write_text("stages: {}\n")
+    (repo / "params.yaml").write_text(PARAMS)
+    assert enter_repository(str(repo)) == {"directory": str(repo)} and Path.cwd() == repo
