@@ -209,11 +209,20 @@ def summarize(result: RunResult) -> dict:
     return {k: _clean(v) for k, v in out.items()}
 
 
+def rows_with_every_key(rows: list[dict]) -> list[dict]:
+    """Every row with every key any row has (null where it had none). Why: DVC plots a file's rows
+    only when they share their keys, and drops the whole series otherwise; the evaluation at step 0
+    has no `probe_pearson` (no selection round yet), so `dvc plots show` drew nothing of `dots`,
+    `dots_rr`, ... and said only "argument of type 'NoneType' is not iterable"."""
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    return [{k: row.get(k) for k in keys} for row in rows]
+
+
 def write_run_files(run_dir: str | Path, cfg: "Config", result: RunResult) -> dict:
     run_dir = Path(run_dir)
     write_text(run_dir / "records.jsonl",
                "".join(json.dumps({k: _clean(v) for k, v in rec.items()}) + "\n" for rec in result.records))
-    write_text(run_dir / "evals.json", json.dumps(result.evals, indent=1))
+    write_text(run_dir / "evals.json", json.dumps(rows_with_every_key(result.evals), indent=1))
     summary = summarize(result)
     write_text(run_dir / "summary.json", json.dumps(summary, indent=1))
     return summary

@@ -7,7 +7,8 @@
     label          labels/labels.json
     fit-predictor  predictor/predictor.pt, predictor/metrics.json
     train          runs/<method>/{records.jsonl,evals.json,summary.json}, checkpoints/<method>/checkpoint.pt
-    compare        compare/{comparison.json,table.md,learning_curve.png}; MLflow parent run artifacts
+    compare        compare/{comparison.json,table.md,learning_curve.png,curves.json}; MLflow parent run
+                   artifacts
 """
 
 from __future__ import annotations
@@ -583,6 +584,11 @@ def compare(cfg: Config, methods: list[str] | None = None) -> dict:
     from .plots import learning_curve  # noqa: PLC0415
 
     learning_curve({m: [evals] for m, (_, evals) in runs.items()}, target, p.compare / "learning_curve.png")
+    # the same curves for `dvc plots show` (dvc.yaml's accuracy_vs_training_seconds): one file of the
+    # methods this run compared, where a plot of each method's own file failed on those not trained
+    _write_json(p.compare / "curves.json", [{"method": m, "step": e["step"], "elapsed_s": e["elapsed_s"],
+                                             "accuracy": e["accuracy"]} for m, (_, evals) in runs.items()
+                                            for e in evals])
     if cfg.tracking.enabled:
         from .tracking import log_comparison  # noqa: PLC0415
 

@@ -53,6 +53,7 @@ def make_repo(path: Path, overrides: list[str], remote: str | None = None) -> Pa
     (path / ".gitignore").write_text("artifacts/mlflow.db\nartifacts/checkpoints/\nartifacts/mlartifacts/\n")
     _git(["init", "-q"], path)
     versioning.dvc(["init", "-q"], path)
+    shutil.copytree(REPO / ".dvc" / "plots", path / ".dvc" / "plots")  # dvc.yaml's plot template
     versioning.dvc(["remote", "add", "-d", "local", remote or str(path.parent / (path.name + "-remote"))], path)
     _git(["add", "-A"], path)
     _git(["commit", "-qm", "init"], path)
@@ -106,6 +107,31 @@ def test_prefect_run_and_dvc_repro_share_one_lineage(flow_repo):
     assert status == {}, f"dvc sees stale stages after the Prefect run: {status}"
     out = versioning.dvc(["repro"], repo)
     assert "Running stage" not in out  # nothing to do: the flow wrote what dvc repro would
+
+
+def test_dvc_plots_show_draws_every_trained_method(flow_repo):
+    """`dvc plots show` (docs/pipeline.md) after a run of two methods: the chart of all methods
+    holds both, colour by method, and each method's own chart its evaluations. It drew neither:
+    DVC drops a file whose rows do not share their keys (`dots_rr`'s step-0 evaluation has no
+    probe Pearson), and the combined plot listed the evals.json of all seven methods, failing whole
+    on the five not trained ("argument of type 'NoneType' is not iterable")."""
+    repo, _, _ = flow_repo
+    shown = json.loads(versioning.dvc(["plots", "show", "--json"], repo).strip().splitlines()[-1])
+    assert not shown.get("errors"), shown.get("errors")
+
+    def rows(plot_id: str) -> list[dict]:
+        (plot,) = shown["data"][plot_id]
+        return plot["content"]["data"]["values"]
+
+    combined = rows("accuracy_vs_training_seconds")
+    assert {r["method"] for r in combined} == {"grpo", "dots_rr"}
+    encoding = shown["data"]["accuracy_vs_training_seconds"][0]["content"]["encoding"]
+    assert encoding["color"]["field"] == "method"
+    for method in ("grpo", "dots_rr"):
+        evals = json.loads((repo / "artifacts" / "runs" / method / "evals.json").read_text())
+        assert len(rows(f"artifacts/runs/{method}/evals.json")) == len(evals) > 1
+        assert len({tuple(e) for e in evals}) == 1  # every row has the same keys
+        assert [r["accuracy"] for r in combined if r["method"] == method] == [e["accuracy"] for e in evals]
 
 
 def test_changing_a_selection_param_reruns_only_what_depends_on_it(flow_repo, tmp_path):
