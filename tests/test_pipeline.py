@@ -134,6 +134,28 @@ def test_dvc_plots_show_draws_every_trained_method(flow_repo):
         assert [r["accuracy"] for r in combined if r["method"] == method] == [e["accuracy"] for e in evals]
 
 
+def test_a_clone_that_pulls_the_run_has_nothing_to_redo(flow_repo, tmp_path):
+    """What `dvc push` sends is the whole run: another checkout of the commit and its dvc.lock
+    that runs `dvc pull` has every output, metrics and plot files too, and `dvc repro` nothing to
+    do. With the metrics uncached (`cache: false`, while .gitignore keeps artifacts/ out of git)
+    they were in neither, and that clone re-ran training to make them."""
+    repo, _, _ = flow_repo
+    versioning.dvc(["push"], repo)
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+    # as committed beside the code: dvc.lock, and the .gitignore files DVC wrote beside its outputs
+    # (this repository's .gitignore leaves artifacts/ to them; they are part of compare's inputs)
+    for path in [repo / "dvc.lock", *(repo / "artifacts").rglob(".gitignore")]:
+        (clone / path.relative_to(repo)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, clone / path.relative_to(repo))
+    versioning.dvc(["pull"], clone)
+    status = json.loads(versioning.dvc(["status", "--json"], clone).strip().splitlines()[-1] or "{}")
+    assert status == {}, f"after dvc pull the clone still lacks: {status}"
+    for name in ("runs/dots_rr/summary.json", "evaluations/grpo/metrics.json", "compare/curves.json",
+                 "compare/comparison.json", "predictor/metrics.json"):
+        assert (clone / "artifacts" / name).read_bytes() == (repo / "artifacts" / name).read_bytes(), name
+
+
 def test_changing_a_selection_param_reruns_only_what_depends_on_it(flow_repo, tmp_path):
     repo, _, _ = flow_repo
     clone = tmp_path / "clone"
