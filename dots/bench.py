@@ -31,7 +31,7 @@ Why it is built this way:
 - The task itself is checked on every grpo seed (`task_checks`): learning must keep moving
   (at most half of the gain in the first 20% of the budget, a gain of at least 10 standard
   errors of the metric) and the pool must keep a frontier of half-solved questions.
-- A run that already finished with the same config is read back, not re-trained, and an
+- A run that already finished with the same config and code is read back, not re-trained, and an
   interrupted one resumes from its checkpoint, so a killed bench loses at most one run's
   progress since its last checkpoint.
 - A variant (`--variant every4=dots_rr:selection.every=4`) is one of the methods with some
@@ -56,9 +56,10 @@ import numpy as np
 from . import time_split
 from .atomic import check_writable_folder, write_text
 from .bench_goals import goals, predictor_round_seconds, runs_wall_s, task_checks
-from .bench_summary import CONFIDENCE, PEER_FIGURES, PEERS, Variant, baseline_targets, median_of, summarize
+from .bench_summary import CONFIDENCE, PEER_FIGURES, Variant, baseline_targets, median_of, summarize
 from .bench_table import read_back_note, render, resumed_note, runs_resumed
-from .config import BENCH_METHODS, METHODS, TRAITS, Config, ConfigError, with_overrides
+from .provenance import code_identity
+from .config import BENCH_METHODS, METHODS, TRAITS, Config, ConfigError, unread_sections, with_overrides
 from .machine_load import adjusted_seconds, round_loads
 from .pipeline_status import pipeline_runs_ended
 from .progress import say
@@ -91,8 +92,9 @@ def run_order(methods: list[str], seeds: list[int]) -> list[tuple[int, str]]:
 
 
 def _shared_key(cfg: Config) -> str:
+    """The shared stages' params and the dots code that ran them: other code makes them again."""
     keep = {k: v for k, v in cfg.flat().items() if any(k == s or k.startswith(s + ".") for s in SHARED_SECTIONS)}
-    return json.dumps(keep, sort_keys=True, default=str)
+    return json.dumps({**keep, "dots code": code_identity()}, sort_keys=True, default=str)
 
 
 def prepare_shared(cfg: Config) -> dict:
@@ -104,16 +106,18 @@ def prepare_shared(cfg: Config) -> dict:
     if marker.exists() and json.loads(marker.read_text()).get("key") == key and stages.paths(cfg).predictor.exists():
         say(f"bench: shared stages under {cfg.root} are current; reusing them")
         return json.loads(marker.read_text())["info"]
+    cache = stages.paths(cfg).embeddings
+    if marker.exists() and json.loads(marker.read_text()).get("code") != code_identity() and cache.exists():
+        cache.unlink()  # made by other code; the embed stage would reuse it (keyed by backbone and pool)
+        say(f"bench: shared stages under {cfg.root} were made by other dots code; making them again")
     info = stages.run_shared(cfg)
-    write_text(marker, json.dumps(json_safe({"key": key, "info": info}), indent=1))
+    write_text(marker, json.dumps(json_safe({"key": key, "code": code_identity(), "info": info}), indent=1))
     return info
 
 
 # Sections a method's training does not read: a grpo run is the same run whatever the
 # selection or replay params, so variants of those reuse it instead of training it again.
-_DOTS = ("selection", "embed", "label", "predictor")
-UNUSED = {m: (*(() if t.selects else _DOTS), *(() if t.replays else ("replay",)),
-              *(p for p in PEERS if p != t.filters)) for m, t in TRAITS.items()}
+UNUSED = {m: unread_sections(m) for m in TRAITS}
 
 
 _LABEL = re.compile(r"[a-z][a-z0-9_]{0,31}")
@@ -220,11 +224,14 @@ def run_dirs(cfg: Config, seed: int, method: str, group: str = "") -> tuple[Path
 
 
 def finished_run(cfg: Config, seed: int, method: str, group: str = "") -> dict | None:
-    """The summary of a run that already finished with the same config and group, else None."""
+    """The summary of a run that already finished with the same config and group and was trained
+    by this dots code (`provenance.code_identity`), else None: a run of other code is another
+    measurement, trained again in its folder."""
     done = run_dirs(cfg, seed, method, group)[0] / "summary.json"
     if done.exists():
         summary = json.loads(done.read_text())
-        if summary.get("bench_fingerprint") == run_fingerprint(cfg, seed, method, group):
+        if summary.get("bench_fingerprint") == run_fingerprint(cfg, seed, method, group) and \
+                summary.get("bench_code") == code_identity():
             return summary
     return None
 
@@ -259,6 +266,7 @@ def train_seed(cfg: Config, seed: int, methods: list[str], variants: Sequence[Va
         for label, summary in stages.train_lockstep(seed_config(cfg, seed), specs, seed_tag=seed).items():
             m, acfg = resolved[label]
             summary["bench_fingerprint"] = run_fingerprint(acfg, seed, m, group)
+            summary["bench_code"] = code_identity()
             summary["process_start_s"] = started
             write_text(run_dirs(acfg, seed, m, group)[0] / "summary.json", json.dumps(json_safe(summary), indent=1))
             out[label] = summary

@@ -10,13 +10,14 @@ Everything in it is a tensor or plain data (numbers, strings, lists, dicts), so 
 with `torch.load(weights_only=True)`: a checkpoint, embedding cache or predictor file that
 someone hands over cannot run code when opened (`load_tensors` refuses it, naming the file).
 
-A checkpoint the run cannot go on from (made with other params, or past a shorter
-`train.steps`) is set aside, not deleted: `checkpoint.<run key>.step<N>.pt`, its run's key in
-the name. Why the key: a run whose params come back (a params change reverted, a longer budget
-again) goes on from its own set-aside checkpoint instead of starting over, which on the GPU
-profile is hours of training. Why at most `SET_ASIDE_KEPT` of them: a set-aside checkpoint of
-Qwen2.5-Math-1.5B with its AdamW states is about 9 GB (`dots plan`: weights 2.88 GiB, AdamW
-states 5.75), and every params change made another.
+A checkpoint the run cannot go on from (made with other params, by other dots code, on other
+data: `dots.provenance`; or past a shorter `train.steps`) is set aside, not deleted:
+`checkpoint.<run key>.step<N>.pt`, its run's key in the name. Why the key: a run whose params
+come back (a params change reverted, a longer budget again) goes on from its own set-aside
+checkpoint instead of starting over, which on the GPU profile is hours of training. Why at most
+`SET_ASIDE_KEPT` of them: a set-aside checkpoint of Qwen2.5-Math-1.5B with its AdamW states is
+about 9 GB (`dots plan`: weights 2.88 GiB, AdamW states 5.75), and every params change made
+another.
 """
 
 from __future__ import annotations

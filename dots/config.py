@@ -43,6 +43,19 @@ TRAITS = {"grpo": MethodTraits(False, False, None), "dots": MethodTraits(True, F
           "rr": MethodTraits(False, True, None), "dots_rr": MethodTraits(True, True, None),
           "dapo": MethodTraits(False, False, "dapo"), "greso": MethodTraits(False, False, "greso"),
           "greso_rr": MethodTraits(False, True, "greso")}
+_SELECTION_SECTIONS = ("selection", "embed", "label", "predictor")  # DOTS' own (and its predictor's)
+
+
+def unread_sections(method: str) -> tuple[str, ...]:
+    """The params sections a method's training never reads, from its `TRAITS` row: a grpo run is
+    the same run whatever the selection, replay or peer params. A run's key (`Config.fingerprint`
+    with a method) leaves them out, so changing them keeps the run's checkpoint valid: `dvc exp run
+    -S selection.tau=...` re-runs `train@grpo` (its params list is the stage's, shared by every
+    method), which goes on from its finished checkpoint and only exports, instead of training grpo
+    again (on the GPU profile, hours); a bench reads such a run back."""
+    t, peers = TRAITS[method], sorted({x.filters for x in TRAITS.values() if x.filters})
+    return (*(() if t.selects else _SELECTION_SECTIONS), *(() if t.replays else ("replay",)),
+            *(p for p in peers if p != t.filters))
 # Each method's learning rate on the embedded task (train.lr_by_method): the better of 3e-4 and 6e-4,
 # measured side by side in lockstep benches, twice each (docs/benchmark.md); greso_rr at the rate of
 # both its parents, greso and dots_rr (3e-4 not benched).
@@ -640,8 +653,11 @@ class Config(_Section):
         """Hash of the config less the `exclude`d dotted keys or sections: what a result depends on.
         With `method`, the learning rate, the down-sampling and the fresh share are the ones that
         method trains with, and the other methods' are left out (changing greso's rate does not
-        change a dots_rr run); the down-sampling's tie rule only counts for a method that
-        down-samples (it cannot change a run that trains on all G)."""
+        change a dots_rr run), and the sections it never reads (`unread_sections`) are left out too;
+        the down-sampling's tie rule only counts for a method that down-samples (it cannot change
+        a run that trains on all G)."""
+        if method is not None:
+            exclude = (*exclude, *unread_sections(method))
         flat = {k: v for k, v in self.flat().items() if not any(k == e or k.startswith(e + ".") for e in exclude)}
         if method is not None:
             reads_replay = "replay.delta" in flat

@@ -467,14 +467,11 @@ def _open_run(cfg: Config, method: str, resume: bool, run_dir: Path | None, chec
     if TRAITS[method].selects:
         emb = load_embeddings(p.embeddings, _backbone(cfg), pool)
         predictor = load_predictor(p.predictor)
-    logger = None
+    logger = tracker = None
     if cfg.tracking.enabled and launched_main():  # under torchrun rank 0 logs for all
         from .tracking import LiveLogger, Tracker  # noqa: PLC0415
 
-        logger = LiveLogger(Tracker(cfg), name or method, cfg.tracking.log_every,
-                            fallback=run_dir / "mlflow_fallback.jsonl", seed=seed_tag,
-                            params={"train.lr_used": cfg.train.rate_for(method),  # train.lr may be null
-                                    "train.downsample_used": cfg.train.downsample_for(method)})
+        tracker = Tracker(cfg)  # an unreachable store fails here, before the model loads
 
     def on_step(rec: dict) -> None:
         if bar is not None:
@@ -485,7 +482,12 @@ def _open_run(cfg: Config, method: str, resume: bool, run_dir: Path | None, chec
                       on_step=on_step, checkpoint_dir=checkpoint_dir)
     if bar is not None:
         bar.update(trainer.step)
-    if logger is not None:
+    if tracker is not None:  # the run's MLflow run: its own when it went on from a checkpoint, else a new one
+        logger = LiveLogger(tracker, name or method, cfg.tracking.log_every,
+                            fallback=run_dir / "mlflow_fallback.jsonl", seed=seed_tag,
+                            params={"train.lr_used": cfg.train.rate_for(method),  # train.lr may be null
+                                    "train.downsample_used": cfg.train.downsample_for(method)},
+                            go_on=trainer.step > 0)
         logger.catch_up(trainer.records)
     return _Run(cfg, method, trainer, logger, run_dir, wall_start, name)
 

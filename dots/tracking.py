@@ -148,13 +148,20 @@ class Tracker:
         by_seed = "" if seed is None else f" and tags.seed = '{seed}'"
         return self._find(f"and tags.method = '{method}' and tags.`dots.role` = 'train'{by_seed}")
 
-    def child(self, method: str, seed: int | None = None, params: dict[str, Any] | None = None) -> tuple[str, int]:
+    def child(self, method: str, seed: int | None = None, params: dict[str, Any] | None = None,
+              go_on: bool = True) -> tuple[str, int]:
         """(run id, last logged step) of the method's child run (one per seed in a benchmark),
         created when missing, with `params` beside the config's; tagged with this process as its
-        owner, after the runs of owners that are gone are ended (`end_stale_runs`)."""
+        owner, after the runs of owners that are gone are ended (`end_stale_runs`).
+        `go_on=False` (a training that starts at step 0) always creates a new one. Why: the
+        pipeline's id is its params and commit, so a stage re-run at the same commit (a module
+        edited, not committed; `dvc repro -f`) found the earlier run FINISHED up to its last step,
+        logged none of its new steps there and overwrote its summary figures: the MLflow UI showed
+        the old curve under the new run's time to target. The earlier run stays as it was; the
+        new one, the latest, is the one later stages find."""
         self.end_stale_runs()
         parent = self.parent()
-        run = self.find_child(method, seed)
+        run = self.find_child(method, seed) if go_on else None
         if run is not None:
             self.client.update_run(run.info.run_id, status="RUNNING")
             self.client.set_tag(run.info.run_id, OWNER_TAG, process_owner())
@@ -359,9 +366,10 @@ class LiveLogger:
     """
 
     def __init__(self, tracker: Tracker, method: str, every: int, fallback: str | Path | None = None,
-                 seed: int | None = None, params: dict[str, Any] | None = None):
+                 seed: int | None = None, params: dict[str, Any] | None = None, go_on: bool = True):
         self.tracker, self.every = tracker, every
-        self.run_id, self.logged = tracker.child(method, seed, params)  # unreachable store: fails here, before training
+        # `go_on`: the run went on from a checkpoint, so it goes on in its MLflow run too
+        self.run_id, self.logged = tracker.child(method, seed, params, go_on)
         self.start_ms = int(time.time() * 1000)
         self.buffer: list[dict] = []
         self.fallback = Path(fallback) if fallback is not None else None

@@ -56,6 +56,7 @@ from .oracle import answer_ids, exact_pass_rates
 from .predictor import DifficultyPredictor
 from .predictor_training import pearson, pearson_ceiling
 from .progress import say
+from .provenance import code_identity, data_identity
 from .replay import ReplayBuffer
 from .engines import engine_for
 from .rollout import Group
@@ -112,6 +113,7 @@ class Trainer:
             shard_model(self.model)
         self.io = task_io(cfg)
         self.policy_identity = backbone_identity(policy_dir)  # a re-run warm-up invalidates checkpoints
+        self.data_identity = data_identity(pool, eval_set)  # so does new data under the same params
         self.model.train()
         self.ref_model = None
         if cfg.loss.beta > 0:
@@ -492,11 +494,18 @@ class Trainer:
         return res
 
     # ---- checkpoints -----------------------------------------------------------------------
+    def _run_identity(self) -> dict[str, str]:
+        """What a checkpoint is valid for, part by part: every param that changes the trajectory (a
+        longer `train.steps`, other threads or checkpoint spacing may resume, and where MLflow
+        logs is not the run's), the policy it starts from, the data it trains and evaluates on,
+        and the dots code that trains it (`dots.provenance`)."""
+        params = self.cfg.fingerprint(("paths", "train.method", "train.methods", "train.threads", "bench",
+                                       "train.checkpoint_every", "train.steps", "tracking"), self.method)
+        return {"params": params, "policy": self.policy_identity, "data": self.data_identity,
+                "code": code_identity()}
+
     def _run_fingerprint(self) -> str:
-        """What a checkpoint is valid for: every param that changes the trajectory (a longer
-        `train.steps`, other threads or checkpoint spacing may resume)."""
-        return self.cfg.fingerprint(("paths", "train.method", "train.methods", "train.threads", "bench",
-                                     "train.checkpoint_every", "train.steps"), self.method) + ":" + self.policy_identity
+        return ":".join(self._run_identity().values())
 
     def _checkpoint(self) -> None:
         if self.sharded:  # every rank takes part in gathering the full model and optimizer state
@@ -506,7 +515,7 @@ class Trainer:
         if not self.sharded:
             model_state, opt_state = self.model.state_dict(), self.opt.state_dict()
         save_checkpoint(self.checkpoint_dir, {
-            "method": self.method, "fingerprint": self._run_fingerprint(),
+            "method": self.method, "fingerprint": self._run_fingerprint(), "identity": self._run_identity(),
             "step": self.step, "elapsed": self.elapsed, "resumed_at": list(self.resumed_at),
             "model": model_state, "optimizer": opt_state,
             "np_rng": self.np_rng.bit_generator.state, "torch_gen": self.gen.get_state(),
@@ -576,7 +585,7 @@ class Trainer:
         mine, budget = self._run_fingerprint(), self.cfg.train.steps
         why = None
         if state is not None and state.get("fingerprint") != mine:  # resuming would mix two runs
-            why = "was made with other params or another warm-up policy"
+            why = f"was made {_made_otherwise(state.get('identity'), self._run_identity())}"
         elif state is not None and state["step"] > budget:
             # a shorter budget than the checkpoint's (`train.steps=240` after a 300-step run): resuming
             # returned the 300-step policy as the 240-step run's, which dvc.lock then recorded as such
@@ -652,6 +661,18 @@ class Trainer:
             self.totals = {"tokens_sampled": last["tokens/sampled_total"], "tokens_trained": last[
                 "tokens/trained_total"], "groups_trained": last["train/groups_trained_total"]}
         say(f"{self.checkpoint_dir}: resuming from step {self.step}")
+
+
+_PARTS = {"params": "with other params", "policy": "from another warm-up policy", "data": "on other data",
+          "code": "by other dots code (a module of the package changed since)"}
+
+
+def _made_otherwise(theirs: dict | None, mine: dict[str, str]) -> str:
+    """How a checkpoint's run differs from this one, for the line that sets it aside."""
+    if not isinstance(theirs, dict):  # written before checkpoints named their parts (stop 67)
+        return ("before checkpoints recorded their code and data, or with other params or another "
+                "warm-up policy")
+    return " and ".join(text for part, text in _PARTS.items() if theirs.get(part) != mine[part])
 
 
 def _tensor(a: np.ndarray | None) -> torch.Tensor | None:

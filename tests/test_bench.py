@@ -223,7 +223,7 @@ def test_mlflow_has_one_child_per_method_and_seed_under_one_parent(bench_run):
     assert {"bench/summary.json", "bench/table.md", "bench/curves.png"} <= arts
 
 
-def test_a_rerun_reads_finished_runs_back_instead_of_training(bench_run):
+def test_a_rerun_reads_finished_runs_back_instead_of_training(bench_run, monkeypatch):
     root, overrides, _ = bench_run
     cfg = bench.bench_config(load_config(REPO / "params.yaml", overrides))
     variants = [bench.parse_variant(VARIANT, cfg)]
@@ -244,6 +244,34 @@ def test_a_rerun_reads_finished_runs_back_instead_of_training(bench_run):
     note = (root / "results2" / "table.md").read_text()
     assert f"Read back, not timed by this bench: {len(every)} of {len(every)} runs" in note
     assert str(cfg.root / "runs") in note
+    # a run trained by other dots code is another measurement: not read back, and the shared stages
+    # made by other code are made again (until stop 67 params alone decided)
+    group = bench.lockstep_group(cfg, 1, ARMS, variants)
+    shared = bench._shared_key(cfg)
+    assert bench.finished_run(cfg, 1, "dots_rr", group) is not None
+    monkeypatch.setattr(bench, "code_identity", lambda: "edited")
+    assert bench.finished_run(cfg, 1, "dots_rr", group) is None and bench._shared_key(cfg) != shared
+
+
+@pytest.mark.parametrize("made_by, cache_kept", [("this code", True), ("other code", False)])
+def test_shared_stages_made_by_other_code_are_made_again_with_their_embeddings(tmp_path, monkeypatch, capsys,
+                                                                                made_by, cache_kept):
+    """The embed stage reuses a cache that matches its backbone and pool; after a change to the
+    package the bench makes its shared stages again, and the cache goes with them. A params change
+    alone keeps it (the embed stage's own check covers the params it reads)."""
+    from dots import stages
+
+    cfg = bench.bench_config(load_config(None, [f"paths.root={tmp_path}"]))
+    cache = stages.paths(cfg).embeddings
+    cache.parent.mkdir(parents=True)
+    cache.write_bytes(b"embeddings")
+    code = bench.code_identity() if made_by == "this code" else "other"
+    (cfg.root / "shared.json").write_text(json.dumps({"key": "other params", "code": code, "info": {}}))
+    seen = []
+    monkeypatch.setattr(stages, "run_shared", lambda c: seen.append(cache.exists()) or {"ran": True})
+    assert bench.prepare_shared(cfg) == {"ran": True} and seen == [cache_kept]
+    assert ("were made by other dots code; making them again" in capsys.readouterr().out) is not cache_kept
+    assert json.loads((cfg.root / "shared.json").read_text())["code"] == bench.code_identity()
 
 
 def test_a_resumed_run_is_named_beside_the_table(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from dots.cli import main
-from dots.config import Config, ConfigError, Tier, flatten, load_config
+from dots.config import METHODS, Config, ConfigError, Tier, flatten, load_config
 
 from .conftest import REPO, refused
 
@@ -275,6 +275,21 @@ def test_a_runs_fingerprint_holds_its_own_rate_not_the_other_methods():
     assert base.fingerprint(method="dots_rr") == other.fingerprint(method="dots_rr")
     assert base.fingerprint(method="greso") != other.fingerprint(method="greso")
     assert base.fingerprint(method="dots_rr") == load_config(None, ["train.lr=0.0006"]).fingerprint(method="dots_rr")
+
+
+def test_a_runs_fingerprint_leaves_out_the_sections_its_method_never_reads():
+    """A selection, replay or peer param cannot change a grpo run: its key (and so its checkpoint)
+    stays valid, so `dvc exp run -S selection.tau=...` does not train grpo again; a method that reads
+    the section gets a new key."""
+    base = Config()
+    readers = {"selection.tau=0.3": {"dots", "dots_rr"}, "replay.capacity=64": {"rr", "dots_rr", "greso_rr"},
+               "greso.p_min=0.1": {"greso", "greso_rr"}, "dapo.max_gen_batches=3": {"dapo"},
+               "predictor.steps=300": {"dots", "dots_rr"}}
+    for change, methods in readers.items():
+        other = load_config(None, [change])
+        moved = {m for m in METHODS if base.fingerprint(method=m) != other.fingerprint(method=m)}
+        assert moved == methods, change
+    assert base.fingerprint() != load_config(None, ["selection.tau=0.3"]).fingerprint()  # every key
 
 
 def test_every_method_has_one_row_of_traits_and_the_bench_follows_it():

@@ -216,8 +216,11 @@ def test_killed_runs_resume_to_the_uninterrupted_state(tiny_pipeline, tmp_path, 
     b = load_tensors(root / "checkpoints" / METHOD / "checkpoint.pt", "checkpoint")
     assert a["step"] == b["step"] == 6 and len(b["buffer"]["groups"]) > 0 and b["round"]["pred"] is not None
     # apart from where the chain went on from a checkpoint (`resumed_at`: its seconds span sittings)
-    _same({k: v for k, v in a.items() if k not in ("fingerprint", "resumed_at")},
-          {k: v for k, v in b.items() if k not in ("fingerprint", "resumed_at")})
+    # (and the run's params identity: the uninterrupted run alone logs a dataset URL)
+    _same({k: v for k, v in a.items() if k not in ("fingerprint", "identity", "resumed_at")},
+          {k: v for k, v in b.items() if k not in ("fingerprint", "identity", "resumed_at")})
+    assert {k: v for k, v in a["identity"].items() if k != "params"} == \
+        {k: v for k, v in b["identity"].items() if k != "params"}
     for name in ("records.jsonl", "evals.json", "summary.json"):
         ra, rb = ((r / "runs" / METHOD / name).read_text() for r in (ref_root, root))
         parse = (lambda t: [json.loads(x) for x in t.splitlines()]) if name.endswith("l") else json.loads

@@ -434,8 +434,8 @@ def test_a_training_stage_that_stops_ends_its_mlflow_run_and_logs_its_steps(
         tiny_pipeline, tmp_path, monkeypatch, capsys, error, status):
     """`dvc repro` and a hand `dots train` have no Prefect flow to end their runs: a stage that
     raised (or was stopped with Ctrl-C) left its run RUNNING in the MLflow UI, its buffered steps
-    unlogged. Now FAILED (KILLED) with every step it trained; the same stage run again resumes the
-    run and finishes it."""
+    unlogged. Now FAILED (KILLED) with every step it trained; the same stage run again, from step 0
+    (no checkpoint yet), trains into a new run and finishes it, the stopped one left as it ended."""
     from mlflow.tracking import MlflowClient
 
     from dots import stages
@@ -463,8 +463,45 @@ def test_a_training_stage_that_stops_ends_its_mlflow_run_and_logs_its_steps(
     assert f"MLflow run {run.info.run_id} -> {status} (stopped at step 1)" in capsys.readouterr().out
     monkeypatch.setattr(Trainer, "train_step", real)
     stages.train(cfg, "grpo", **folders)
-    assert client.get_run(run.info.run_id).info.status == "FINISHED"
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == [1, 2, 3]
+    stopped, again = client.search_runs([experiment], "tags.`dots.role` = 'train'",
+                                        order_by=["attributes.start_time ASC"])
+    assert stopped.info.run_id == run.info.run_id and client.get_run(run.info.run_id).info.status == status
+    assert again.info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(again.info.run_id, "train/loss")) == [1, 2, 3]
+
+
+def test_a_stage_run_again_by_other_code_trains_anew_into_a_new_mlflow_run(
+        tiny_pipeline, tmp_path, monkeypatch, capsys):
+    """`dvc repro` re-runs a training stage when one of its modules changed. It went on from the
+    old code's checkpoint at the last step and trained nothing, and its MLflow run (the pipeline's
+    id is params and commit, so the same at an uncommitted edit) was the old one taken back: no
+    new step logged, the old curve under the new figures (found at stop 67). Now the stage trains
+    from step 0 into a new run; the earlier run keeps its own curve."""
+    from mlflow.tracking import MlflowClient
+
+    import dots.trainer
+    from dots import stages
+
+    cfg = tiny_config(tiny_pipeline.root, "tracking.experiment=recoded")
+    folders = {"run_dir": tmp_path / "run", "checkpoint_dir": tmp_path / "ck"}
+    first = stages.train(cfg, "grpo", **folders)
+    monkeypatch.setattr(dots.trainer, "code_identity", lambda: "edited")
+    capsys.readouterr()
+    again = stages.train(cfg, "grpo", **folders)
+    out = capsys.readouterr().out
+    assert "was made by other dots code" in out and "resuming from step" not in out
+    assert again["resumed_at"] == [] and again["steps"] == first["steps"] == cfg.train.steps
+    client = MlflowClient(f"sqlite:///{tiny_pipeline.root / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("recoded").experiment_id
+    runs = client.search_runs([experiment], "tags.`dots.role` = 'train'",
+                              order_by=["attributes.start_time ASC"])
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}
+    steps = list(range(1, cfg.train.steps + 1))
+    for run in runs:
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == steps
+    from dots.tracking import Tracker, method_run
+
+    assert method_run(Tracker(cfg), "grpo") == runs[-1].info.run_id  # the evaluate stage's run: the new one
 
 
 def test_a_run_closed_before_the_error_stays_finished_and_a_store_gone_is_one_line(tmp_path, capsys):

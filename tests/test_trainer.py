@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -291,13 +292,52 @@ def test_a_checkpoint_made_with_other_params_is_not_resumed_but_kept(tiny_pipeli
     assert other.step == 0 and other.records == []  # started over: two runs are never mixed
     kept = set_aside_path(tmp_path / "run", trainer._run_fingerprint(), 1)
     assert torch.load(kept, weights_only=False)["step"] == 1  # nothing lost, named by its run and step
-    assert f"other params or another warm-up policy; starting over, old state kept as {kept.name}" in \
-        capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"was made with other params; starting over, old state kept as {kept.name}" in out
     other.run(stop_after=1)  # its own checkpoint replaces the moved one
     # a longer budget is the same run continued
     _, longer = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", "train.steps=3",
                          "train.checkpoint_every=1", "eval.every=2", "train.lr=0.002", resume=True)
     assert longer.step == 1
+
+
+@pytest.mark.parametrize("change, why", [
+    ("code", "by other dots code (a module of the package changed since)"), ("data", "on other data")])
+def test_a_checkpoint_of_other_code_or_data_is_not_resumed_but_kept(tiny_pipeline, pipeline_data, tmp_path,
+                                                                   monkeypatch, capsys, change, why):
+    """Params alone do not make the same run: `dvc repro` re-runs a training stage whose module
+    changed, and the trainer went on from the old code's checkpoint at the last step, training
+    nothing (stop 67); a dataset file changed under the same params went the same way."""
+    import dots.trainer
+
+    extra = ("train.steps=2", "train.checkpoint_every=1", "eval.every=2")
+    _, trainer = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", *extra)
+    trainer.run()
+    kept, made = set_aside_path(tmp_path / "run", trainer._run_fingerprint(), 2), trainer._run_identity()
+    pool, held, _, _ = pipeline_data
+    if change == "code":
+        monkeypatch.setattr(dots.trainer, "code_identity", lambda: "edited")
+    else:
+        pool = [*pool[:-1], dataclasses.replace(pool[-1], answer=pool[-1].answer + "0")]
+    capsys.readouterr()
+    cfg = tiny_config(tiny_pipeline.root, *extra)
+    again = Trainer(cfg, "grpo", stages.paths(cfg).policy, pool, held, tmp_path / "run", resume=True)
+    assert again.step == 0 and again.records == []
+    assert f"was made {why}; starting over, old state kept as {kept.name}" in capsys.readouterr().out
+    assert torch.load(kept, weights_only=True)["identity"] == made  # nothing lost
+
+
+def test_a_param_the_method_never_reads_keeps_its_finished_checkpoint(tiny_pipeline, pipeline_data, tmp_path):
+    """`dvc exp run -S selection.tau=...` re-runs every `train@` stage (one params list for all):
+    grpo's goes on from its finished checkpoint and trains nothing (it trained grpo again from
+    step 0 before stop 67: on the GPU profile, hours for the same run); dots_rr's starts over."""
+    extra = ("train.steps=2", "train.checkpoint_every=1", "eval.every=2")
+    for method in ("grpo", "dots_rr"):
+        _trainer(tiny_pipeline, pipeline_data, method, tmp_path / method, *extra)[1].run()
+        other = ("selection.tau=0.3", "replay.capacity=64" if method == "grpo" else "selection.every=2")
+        _, again = _trainer(tiny_pipeline, pipeline_data, method, tmp_path / method, *extra, *other,
+                            resume=True)
+        assert again.step == (2 if method == "grpo" else 0), method
 
 
 def test_params_changed_back_go_on_from_their_set_aside_checkpoint(tiny_pipeline, pipeline_data, tmp_path,
