@@ -36,12 +36,28 @@ OWNER_TAG = "dots.owner"  # the process training a run (`process_owner`, read by
 MODEL_ARTIFACT = "model"  # where a run keeps its exported policy folder
 
 
+def store_root(cfg: Config) -> Path:
+    """Where the default MLflow store (`mlflow.db` and `mlartifacts/`) lives: `paths.root`, or, in
+    an experiment DVC runs in a temporary copy of the repository (`dvc exp run --queue`, `--temp`),
+    that folder of the repository the experiment was started from (DVC sets DVC_ROOT to it and
+    runs the stages in the copy). Why: the copy is deleted when the experiment ends, and with it
+    the store: a queued sweep's MLflow runs and registered models were lost, and `make ui`
+    showed none of them (found at stop 67: "Creating initial MLflow database tables" in the
+    queue's log, nothing in the workspace's store)."""
+    root, parent = cfg.root.resolve(), os.environ.get("DVC_ROOT")
+    if parent:
+        here, parent_dir = Path.cwd().resolve(), Path(parent).resolve()
+        if parent_dir != here and root.is_relative_to(here):
+            return parent_dir / root.relative_to(here)
+    return root
+
+
 def tracking_uri(cfg: Config) -> str:
     if cfg.tracking.uri:
         return cfg.tracking.uri
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    return f"sqlite:///{(cfg.root / 'mlflow.db').resolve()}"
+    return f"sqlite:///{store_root(cfg) / 'mlflow.db'}"
 
 
 def git_commit(cwd: str | Path = ".") -> str:
@@ -122,7 +138,7 @@ class Tracker:
             return exp.experiment_id
         location = self.cfg.tracking.artifact_location
         if location is None and self.uri.startswith("sqlite:"):  # keep artifacts beside the store, not in ./mlruns
-            location = (self.cfg.root / "mlartifacts").resolve().as_uri()
+            location = (store_root(self.cfg) / "mlartifacts").as_uri()
         return self.client.create_experiment(self.cfg.tracking.experiment, artifact_location=location)
 
     def _find(self, extra: str) -> Any | None:
@@ -131,7 +147,11 @@ class Tracker:
         return runs[0] if runs else None
 
     def _tags(self, **extra: str) -> dict[str, str]:
-        return {PIPELINE_TAG: self.pipeline, "git_commit": self.commit, "data_version": self.data_version, **extra}
+        """`dvc_experiment`: the name `dvc exp show` gives the run's experiment (DVC_EXP_NAME), when
+        DVC runs it as one, so a row there and a run here can be matched."""
+        experiment = {"dvc_experiment": os.environ["DVC_EXP_NAME"]} if os.environ.get("DVC_EXP_NAME") else {}
+        return {PIPELINE_TAG: self.pipeline, "git_commit": self.commit, "data_version": self.data_version,
+                **experiment, **extra}
 
     def parent(self) -> str:
         """The pipeline's parent run id (created with the flattened config on first use)."""

@@ -169,6 +169,49 @@ def test_changing_a_selection_param_reruns_only_what_depends_on_it(flow_repo, tm
     # and downstream of them only: the evaluation of a model whose weights moved, and compare
     assert {"train@grpo", "train@dots_rr", "compare"} <= ran <= {"train@grpo", "train@dots_rr", "evaluate@grpo",
                                                                  "evaluate@dots_rr", "compare"}, out
+    # grpo never reads selection params: its stage goes on from its finished checkpoint and trains
+    # nothing (it trained grpo again before stop 67), so its model and evaluation stay as they were
+    assert "artifacts/checkpoints/grpo: resuming from step" in out and "evaluate@grpo" not in ran, out
+
+
+def test_an_experiment_dvc_runs_in_a_temporary_copy_logs_to_the_repositorys_mlflow_store(flow_repo, tmp_path):
+    """`dvc exp run --queue` and `--temp` run the stages in a copy of the repository under
+    .dvc/tmp/exps that DVC deletes when the experiment ends. The default MLflow store was the
+    copy's `artifacts/mlflow.db`: every run of a queued sweep was lost with it, and `make ui` showed
+    none (found at stop 67). Now the store is the repository's (DVC_ROOT), and each run is tagged
+    with the experiment's name."""
+    from mlflow.tracking import MlflowClient
+
+    repo, _, _ = flow_repo
+    clone = tmp_path / "clone"
+    shutil.copytree(repo, clone, symlinks=True)
+    out = versioning.dvc(["exp", "run", "--temp", "-n", "tau3", "-S", "selection.tau=0.3"], clone)
+    assert "Running stage 'train@dots_rr'" in out, out
+    assert "Creating initial MLflow database tables" not in out, out  # a store of the copy's own
+    client = MlflowClient(f"sqlite:///{clone / 'artifacts' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("dots").experiment_id
+    runs = client.search_runs([experiment], "tags.dvc_experiment = 'tau3'")
+    assert {r.data.tags["method"] for r in runs} == {"pipeline", "grpo", "dots_rr"}, out
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert not list((clone / ".dvc" / "tmp").rglob("mlflow.db"))
+
+
+def test_the_default_store_of_a_stage_dvc_runs_in_a_copy_is_the_repositorys(tmp_path, monkeypatch):
+    from dots.tracking import store_root, tracking_uri
+
+    cfg = load_config(None, ["paths.root=artifacts"])
+    copy = tmp_path / "repo" / ".dvc" / "tmp" / "exps" / "tmpabc"
+    copy.mkdir(parents=True)
+    monkeypatch.chdir(copy)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    assert store_root(cfg) == copy / "artifacts"  # not run by DVC: paths.root as it is
+    monkeypatch.setenv("DVC_ROOT", str(copy))  # `dvc repro`: the stage runs in the repository itself
+    assert store_root(cfg) == copy / "artifacts"
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "repo"))  # `dvc exp run --queue`: in a copy of it
+    assert tracking_uri(cfg) == f"sqlite:///{tmp_path / 'repo' / 'artifacts' / 'mlflow.db'}"
+    outside = load_config(None, [f"paths.root={tmp_path / 'elsewhere'}"])
+    assert store_root(outside) == tmp_path / "elsewhere"  # a root outside the copy is not the copy's
 
 
 def test_changing_only_evaluation_params_reruns_only_evaluation(flow_repo, tmp_path):
