@@ -33,6 +33,11 @@ class StageError(RuntimeError):
     """A DVC command failed; the message carries the tail of its output."""
 
 
+class RemoteRefused(StageError):
+    """The DVC remote answered, and will answer the same on a retry: a missing bucket, refused
+    credentials (unlike an endpoint that cannot be reached, which a retry may find up)."""
+
+
 class NotARepository(ValueError):
     """A flow's `repo` that holds no dots pipeline."""
 
@@ -242,10 +247,11 @@ def push(repo: str | Path = ".", targets: list[str] | None = None, remote: str |
     except StageError as exc:
         text = str(exc)
         if "NoSuchBucket" in text or ("Bucket" in text and "not exist" in text):
-            raise StageError(f"DVC remote bucket does not exist: create it or fix the remote url\n{text}") from None
+            raise RemoteRefused("DVC remote bucket does not exist: create it or fix the remote url\n"
+                                f"{text}") from None
         if any(k in text for k in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden",
                                    "(403)")):
-            raise StageError(f"DVC remote refused the credentials (AWS_ACCESS_KEY_ID / "
+            raise RemoteRefused(f"DVC remote refused the credentials (AWS_ACCESS_KEY_ID / "
                              f"AWS_SECRET_ACCESS_KEY or `dvc remote modify`)\n{text}") from None
         if any(k in text for k in ("Could not connect to the endpoint", "Connection refused", "ConnectTimeout",
                                    "Name or service not known", "Cannot connect to host")):

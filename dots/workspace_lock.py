@@ -25,6 +25,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -96,6 +97,19 @@ def describe(who: dict | None) -> str:
             f"since {who.get('since')})")
 
 
+def _how_to_stop() -> str:
+    """The waiting line's last words. A deployment's run (a Prefect worker started it and set
+    PREFECT__FLOW_RUN_ID) has no terminal of its own, and Ctrl-C where its worker runs would stop
+    the worker: it is cancelled by its id. Ctrl-C where a terminal runs this; else no key to name."""
+    flow_run = os.environ.get("PREFECT__FLOW_RUN_ID")
+    if flow_run:
+        return f"`prefect flow-run cancel {flow_run}` stops this one only"
+    stdin = sys.stdin
+    if stdin is not None and not stdin.closed and stdin.isatty():
+        return "Ctrl-C stops this one only"
+    return "stopping this run leaves the other alone"
+
+
 @contextmanager
 def exclusive(folder: str | Path, what: str, report: Callable[[str], None] = say,
               wait: bool = True) -> Iterator[None]:
@@ -132,7 +146,7 @@ def exclusive(folder: str | Path, what: str, report: Callable[[str], None] = say
             if not wait:
                 raise WorkspaceBusy(f"{what}: {describe(holder(folder))} is writing {folder}") from None
             report(f"{what}: waiting for {describe(holder(folder))} to finish with {folder} "
-                   "(one run writes a workspace at a time; Ctrl-C stops this one only)")
+                   f"(one run writes a workspace at a time; {_how_to_stop()})")
             start = time.monotonic()
             fcntl.flock(fd, fcntl.LOCK_EX)
             report(f"{what}: {folder} is free after {time.monotonic() - start:.0f} s; going on")

@@ -347,3 +347,43 @@ def test_a_failing_compare_leaves_the_user_params_alone(server, tmp_path, monkey
             _drain()  # while the server is up: nothing left to send once it is gone
     assert seen["params"]["steps"] == 2 and seen["params"]["methods"] == ["grpo"]  # the run used the variant
     assert params.read_bytes() == user_params
+
+
+@pytest.mark.parametrize("fails, error, tries", [
+    ("prepare", "a dataset row it refuses", 1),  # the stage reads local files: the same error again
+    ("push", "DVC remote refused the credentials", 1),
+    ("push", "DVC remote endpoint unreachable", 4),  # a remote may be up on the next try: three retries
+])
+def test_version_data_retries_only_what_may_pass_next_time(server, tmp_path, monkeypatch, fails, error,
+                                                           tries):
+    """version-data retried every failure three times (42 s), a prepare stage that refuses a dataset
+    row or a bucket that does not exist too, saying the same thing four times."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from dots import versioning
+    from flows.data import version_data
+    from tasks import stages as task_module
+
+    for name in ("params.yaml", "dvc.yaml"):
+        (tmp_path / name).write_text("stages: {}\n" if name == "dvc.yaml" else "{}\n")
+    calls = []
+
+    def step(kind):
+        def run(*args, **kwargs):
+            calls.append(kind)
+            if kind == fails:
+                refused = versioning.RemoteRefused if "refused" in error else versioning.StageError
+                raise refused(f"{error} (simulated)")
+        return run
+
+    monkeypatch.setattr(task_module, "_repro", step("prepare"))
+    monkeypatch.setattr(versioning, "push", step("push"))
+    quick = task_module.version_data.with_options(retry_delay_seconds=0)  # the retry condition stays
+    monkeypatch.setattr(task_module, "version_data", quick)
+    with temporary_settings(updates={PREFECT_API_URL: server.url}):
+        try:
+            with pytest.raises(versioning.StageError, match=error):
+                version_data(repo=str(tmp_path))
+        finally:
+            _drain()
+    assert calls.count(fails) == tries, calls

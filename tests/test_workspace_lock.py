@@ -80,6 +80,34 @@ def test_a_second_run_waits_for_the_first_and_names_it(tmp_path):
     assert str(tmp_path.resolve()) in said[0] and "is free after" in said[1]
 
 
+def test_the_waiting_line_says_how_to_stop_the_run_that_waits(tmp_path, monkeypatch):
+    """Ctrl-C in a terminal; a deployment's run on a Prefect worker has no terminal (Ctrl-C where
+    the worker runs stops the worker): its line names the flow run to cancel."""
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    lines = {}
+    for case, flow_run, stdin in (("terminal", None, Terminal()), ("deployment", "0f1e2d", Terminal()),
+                                  ("no terminal", None, io.StringIO())):
+        if flow_run:
+            monkeypatch.setenv("PREFECT__FLOW_RUN_ID", flow_run)
+        else:
+            monkeypatch.delenv("PREFECT__FLOW_RUN_ID", raising=False)
+        monkeypatch.setattr(sys, "stdin", stdin)
+        other = _start(HOLDER, tmp_path, "dots-pipeline", 0.5)
+        said = []
+        with exclusive(tmp_path, "dots train", report=said.append):
+            pass
+        assert other.wait() == 0
+        lines[case] = said[0]
+    assert lines["terminal"].endswith("(one run writes a workspace at a time; Ctrl-C stops this one only)")
+    assert lines["deployment"].endswith("`prefect flow-run cancel 0f1e2d` stops this one only)")
+    assert "Ctrl-C" not in lines["no terminal"] and lines["no terminal"].endswith("leaves the other alone)")
+
+
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
     other = _start(HOLDER, tmp_path, "dots bench", 600)
     assert holder(tmp_path)["pid"] == other.pid
