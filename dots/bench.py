@@ -538,8 +538,9 @@ def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, o
         from .tracking import git_commit  # noqa: PLC0415
 
         tag = "".join(f"+{v.label}:{','.join(v.overrides)}" for v in variants)
-        os.environ["DOTS_PIPELINE_ID"] = f"bench-{cfg.fingerprint(BENCH_EXCLUDE)}-{git_commit()[:12]}" + (
-            f"-{hashlib.sha256(tag.encode()).hexdigest()[:8]}" if tag else "")
+        # the code too: a bench after an edit trains every run again (`finished_run`), under its own parent
+        os.environ["DOTS_PIPELINE_ID"] = f"bench-{cfg.fingerprint(BENCH_EXCLUDE)}-{git_commit()[:12]}" \
+            f"-{code_identity()[:8]}" + (f"-{hashlib.sha256(tag.encode()).hexdigest()[:8]}" if tag else "")
     # a second bench of this workspace waits: two would train the same run folders at once; a bench
     # that fails marks its MLflow parent FAILED (it stayed RUNNING), a bench run again finishes it
     with exclusive(cfg.root, f"bench of seeds {' '.join(map(str, seeds))} ({' '.join(all_arms)})"), \

@@ -340,6 +340,28 @@ def test_a_missing_dataset_is_said_before_the_shared_stages(tmp_path, monkeypatc
     assert said in capsys.readouterr().out
 
 
+def test_a_bench_after_an_edit_logs_under_its_own_mlflow_parent(tmp_path, monkeypatch):
+    """A bench after an edit to the package trains every run again (`finished_run`): its runs go
+    under a parent of their own, not beside the old code's in the same one; the same code again
+    takes the same parent (a bench run again finishes it)."""
+    cfg = bench.bench_config(load_config(REPO / "params.yaml", [f"paths.root={tmp_path / 'artifacts'}"]))
+    ids = []
+
+    def stop(_cfg):
+        ids.append(os.environ.pop("DOTS_PIPELINE_ID"))
+        raise RuntimeError("shared stages reached")
+
+    monkeypatch.setattr(bench, "prepare_shared", stop)
+    monkeypatch.setenv("DOTS_PIPELINE_ID", "set by the test")
+    monkeypatch.delenv("DOTS_PIPELINE_ID")  # restored as it was (unset) after the test
+    for code in ("this code", "this code", "edited"):
+        if code == "edited":
+            monkeypatch.setattr(bench, "code_identity", lambda: "edited-code")
+        with pytest.raises(RuntimeError, match="shared stages reached"):
+            bench.run_bench(cfg, [0], ["grpo", "dots_rr"], tmp_path / "results")
+    assert ids[0] == ids[1] != ids[2] and ids[2].startswith("bench-"), ids
+
+
 def test_the_comparison_names_a_resumed_run():
     from dots import stages
 
