@@ -59,7 +59,7 @@ from .bench_goals import goals, predictor_round_seconds, runs_wall_s, task_check
 from .bench_summary import CONFIDENCE, PEER_FIGURES, Variant, baseline_targets, median_of, summarize
 from .bench_table import read_back_note, render, resumed_note, runs_resumed
 from .provenance import code_identity
-from .config import BENCH_METHODS, METHODS, TRAITS, Config, ConfigError, unread_sections, with_overrides
+from .config import BENCH_METHODS, METHODS, Config, ConfigError, with_overrides
 from .machine_load import adjusted_seconds, round_loads
 from .pipeline_status import pipeline_runs_ended
 from .progress import say
@@ -103,21 +103,17 @@ def prepare_shared(cfg: Config) -> dict:
 
     marker = cfg.root / "shared.json"
     key = _shared_key(cfg)
-    if marker.exists() and json.loads(marker.read_text()).get("key") == key and stages.paths(cfg).predictor.exists():
+    recorded = json.loads(marker.read_text()) if marker.exists() else None
+    if recorded is not None and recorded.get("key") == key and stages.paths(cfg).predictor.exists():
         say(f"bench: shared stages under {cfg.root} are current; reusing them")
-        return json.loads(marker.read_text())["info"]
+        return recorded["info"]
     cache = stages.paths(cfg).embeddings
-    if marker.exists() and json.loads(marker.read_text()).get("code") != code_identity() and cache.exists():
+    if recorded is not None and recorded.get("code") != code_identity() and cache.exists():
         cache.unlink()  # made by other code; the embed stage would reuse it (keyed by backbone and pool)
         say(f"bench: shared stages under {cfg.root} were made by other dots code; making them again")
     info = stages.run_shared(cfg)
     write_text(marker, json.dumps(json_safe({"key": key, "code": code_identity(), "info": info}), indent=1))
     return info
-
-
-# Sections a method's training does not read: a grpo run is the same run whatever the
-# selection or replay params, so variants of those reuse it instead of training it again.
-UNUSED = {m: unread_sections(m) for m in TRAITS}
 
 
 _LABEL = re.compile(r"[a-z][a-z0-9_]{0,31}")
@@ -199,7 +195,7 @@ def run_fingerprint(cfg: Config, seed: int, method: str, group: str = "") -> str
     """What a run's figures depend on: the params its method reads, its seed, how it was timed
     and, in lockstep, which runs it was timed beside (`group`, see `lockstep_group`)."""
     scfg = seed_config(cfg, seed)
-    return scfg.fingerprint(("paths", "train.method", "train.methods", "tracking", *UNUSED[method]), method) + \
+    return scfg.fingerprint(("paths", "train.method", "train.methods", "tracking"), method) + \
         f"/{timing(cfg)}" + (f"-{group}" if group else "")
 
 

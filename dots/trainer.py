@@ -505,6 +505,7 @@ class Trainer:
                 "code": code_identity()}
 
     def _run_fingerprint(self) -> str:
+        """The identity in one string: what a checkpoint's and a set-aside file's key are made of."""
         return ":".join(self._run_identity().values())
 
     def _checkpoint(self) -> None:
@@ -514,8 +515,9 @@ class Trainer:
             return  # every rank holds the same state; rank 0 writes it
         if not self.sharded:
             model_state, opt_state = self.model.state_dict(), self.opt.state_dict()
+        identity = self._run_identity()
         save_checkpoint(self.checkpoint_dir, {
-            "method": self.method, "fingerprint": self._run_fingerprint(), "identity": self._run_identity(),
+            "method": self.method, "fingerprint": ":".join(identity.values()), "identity": identity,
             "step": self.step, "elapsed": self.elapsed, "resumed_at": list(self.resumed_at),
             "model": model_state, "optimizer": opt_state,
             "np_rng": self.np_rng.bit_generator.state, "torch_gen": self.gen.get_state(),

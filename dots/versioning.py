@@ -252,7 +252,7 @@ def push(repo: str | Path = ".", targets: list[str] | None = None, remote: str |
         if any(k in text for k in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden",
                                    "(403)")):
             raise RemoteRefused(f"DVC remote refused the credentials (AWS_ACCESS_KEY_ID / "
-                             f"AWS_SECRET_ACCESS_KEY or `dvc remote modify`)\n{text}") from None
+                                f"AWS_SECRET_ACCESS_KEY or `dvc remote modify`)\n{text}") from None
         if any(k in text for k in ("Could not connect to the endpoint", "Connection refused", "ConnectTimeout",
                                    "Name or service not known", "Cannot connect to host")):
             raise StageError(f"DVC remote endpoint unreachable: check `dvc remote modify <name> endpointurl` "
