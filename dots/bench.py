@@ -92,9 +92,11 @@ def run_order(methods: list[str], seeds: list[int]) -> list[tuple[int, str]]:
 
 
 def _shared_key(cfg: Config) -> str:
-    """The shared stages' params and the dots code that ran them: other code makes them again."""
+    """The shared stages' params and the dots code that ran them (`provenance.PARTS`): other code
+    makes them again."""
     keep = {k: v for k, v in cfg.flat().items() if any(k == s or k.startswith(s + ".") for s in SHARED_SECTIONS)}
-    return json.dumps({**keep, "dots code": code_identity()}, sort_keys=True, default=str)
+    code = code_identity("bench shared stages")
+    return json.dumps({**keep, "dots code": code}, sort_keys=True, default=str)
 
 
 def prepare_shared(cfg: Config) -> dict:
@@ -107,12 +109,11 @@ def prepare_shared(cfg: Config) -> dict:
     if recorded is not None and recorded.get("key") == key and stages.paths(cfg).predictor.exists():
         say(f"bench: shared stages under {cfg.root} are current; reusing them")
         return recorded["info"]
-    cache = stages.paths(cfg).embeddings
-    if recorded is not None and recorded.get("code") != code_identity() and cache.exists():
-        cache.unlink()  # made by other code; the embed stage would reuse it (keyed by backbone and pool)
+    code = code_identity("bench shared stages")
+    if recorded is not None and recorded.get("code") != code:  # the embed stage's cache knows its code
         say(f"bench: shared stages under {cfg.root} were made by other dots code; making them again")
     info = stages.run_shared(cfg)
-    write_text(marker, json.dumps(json_safe({"key": key, "code": code_identity(), "info": info}), indent=1))
+    write_text(marker, json.dumps(json_safe({"key": key, "code": code, "info": info}), indent=1))
     return info
 
 
@@ -221,13 +222,14 @@ def run_dirs(cfg: Config, seed: int, method: str, group: str = "") -> tuple[Path
 
 def finished_run(cfg: Config, seed: int, method: str, group: str = "") -> dict | None:
     """The summary of a run that already finished with the same config and group and was trained
-    by this dots code (`provenance.code_identity`), else None: a run of other code is another
-    measurement, trained again in its folder."""
+    by this dots code (`provenance.code_identity("bench run")`: what trains it and makes its shared
+    stages; an edit to the bench's report alone reads it back), else None: a run of other code is
+    another measurement, trained again in its folder."""
     done = run_dirs(cfg, seed, method, group)[0] / "summary.json"
     if done.exists():
         summary = json.loads(done.read_text())
         if summary.get("bench_fingerprint") == run_fingerprint(cfg, seed, method, group) and \
-                summary.get("bench_code") == code_identity():
+                summary.get("bench_code") == code_identity("bench run"):
             return summary
     return None
 
@@ -262,7 +264,7 @@ def train_seed(cfg: Config, seed: int, methods: list[str], variants: Sequence[Va
         for label, summary in stages.train_lockstep(seed_config(cfg, seed), specs, seed_tag=seed).items():
             m, acfg = resolved[label]
             summary["bench_fingerprint"] = run_fingerprint(acfg, seed, m, group)
-            summary["bench_code"] = code_identity()
+            summary["bench_code"] = code_identity("bench run")
             summary["process_start_s"] = started
             write_text(run_dirs(acfg, seed, m, group)[0] / "summary.json", json.dumps(json_safe(summary), indent=1))
             out[label] = summary
@@ -534,9 +536,11 @@ def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, o
         from .tracking import git_commit  # noqa: PLC0415
 
         tag = "".join(f"+{v.label}:{','.join(v.overrides)}" for v in variants)
-        # the code too: a bench after an edit trains every run again (`finished_run`), under its own parent
+        # the code too: after an edit to what trains its runs, a bench trains every run again (`finished_run`),
+        # under its own parent; an edit to its report alone reads them back under the same one
+        variants_tag = f"-{hashlib.sha256(tag.encode()).hexdigest()[:8]}" if tag else ""
         os.environ["DOTS_PIPELINE_ID"] = f"bench-{cfg.fingerprint(BENCH_EXCLUDE)}-{git_commit()[:12]}" \
-            f"-{code_identity()[:8]}" + (f"-{hashlib.sha256(tag.encode()).hexdigest()[:8]}" if tag else "")
+            f"-{code_identity('bench run')[:8]}{variants_tag}"
     # a second bench of this workspace waits: two would train the same run folders at once; a bench
     # that fails marks its MLflow parent FAILED (it stayed RUNNING), a bench run again finishes it
     with exclusive(cfg.root, f"bench of seeds {' '.join(map(str, seeds))} ({' '.join(all_arms)})"), \

@@ -1,9 +1,11 @@
 """Question embeddings from a frozen backbone, computed once per pool and cached.
 
 The embedding is the masked mean of the backbone's last hidden state (DESIGN §1). The
-cache file records the backbone's identity (a hash of its weights) and the pool's hash;
-loading a cache made for another backbone or another pool raises `StaleCacheError`
-instead of silently feeding the predictor the wrong vectors.
+cache file records the backbone's identity (a hash of its weights), the pool's hash and the dots
+code that embedded it (`provenance.code_identity("embeddings")`); loading a cache made for
+another backbone or another pool, or by other code, raises `StaleCacheError` instead of
+silently feeding the predictor the wrong vectors (a `dots embed` after an edit to this module
+reused the old cache until stop 68).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from .atomic import atomic_path
 from .checkpoints import UnsafeFileError, load_tensors
 from .data import Question, pool_hash
+from .provenance import code_identity
 
 
 class StaleCacheError(ValueError):
@@ -108,11 +111,12 @@ def encode_with_sentence_transformers(name: str, texts: list[str], batch_size: i
 def save_embeddings(path: str | Path, embeddings: torch.Tensor, backbone: str, pool: list[Question]) -> None:
     with atomic_path(path) as tmp:
         torch.save({"embeddings": embeddings, "backbone": backbone, "pool_hash": pool_hash(pool),
-                    "ids": [q.id for q in pool]}, tmp)
+                    "ids": [q.id for q in pool], "code": code_identity("embeddings")}, tmp)
 
 
 def load_embeddings(path: str | Path, backbone: str, pool: list[Question]) -> torch.Tensor:
-    """Cached embeddings, or StaleCacheError when they belong to another backbone or pool."""
+    """Cached embeddings, or StaleCacheError when they belong to another backbone or pool, or
+    were made by other code."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no embedding cache; run `dots embed` first")
@@ -128,4 +132,7 @@ def load_embeddings(path: str | Path, backbone: str, pool: list[Question]) -> to
     if blob.get("pool_hash") != pool_hash(pool):
         raise StaleCacheError(f"{path}: made for pool {blob.get('pool_hash')!r}, current pool is "
                               f"{pool_hash(pool)!r}; re-run `dots embed`")
+    if blob.get("code") != code_identity("embeddings"):
+        raise StaleCacheError(f"{path}: made by other dots code (the embedding code changed since, "
+                              "or a cache from before stop 68); re-run `dots embed`")
     return blob["embeddings"]

@@ -56,7 +56,7 @@ from .oracle import answer_ids, exact_pass_rates
 from .predictor import DifficultyPredictor
 from .predictor_training import pearson, pearson_ceiling
 from .progress import say
-from .provenance import code_identity, data_identity
+from .provenance import changed_modules, code_identity, data_identity, module_hashes
 from .replay import ReplayBuffer
 from .engines import engine_for
 from .rollout import Group
@@ -498,11 +498,11 @@ class Trainer:
         """What a checkpoint is valid for, part by part: every param that changes the trajectory (a
         longer `train.steps`, other threads or checkpoint spacing may resume, and where MLflow
         logs is not the run's), the policy it starts from, the data it trains and evaluates on,
-        and the dots code that trains it (`dots.provenance`)."""
+        and the dots code that trains it (`dots.provenance`: the trainer, what it imports, stages.py)."""
         params = self.cfg.fingerprint(("paths", "train.method", "train.methods", "train.threads", "bench",
                                        "train.checkpoint_every", "train.steps", "tracking"), self.method)
         return {"params": params, "policy": self.policy_identity, "data": self.data_identity,
-                "code": code_identity()}
+                "code": code_identity("training")}
 
     def _run_fingerprint(self) -> str:
         """The identity in one string: what a checkpoint's and a set-aside file's key are made of."""
@@ -518,6 +518,7 @@ class Trainer:
         identity = self._run_identity()
         save_checkpoint(self.checkpoint_dir, {
             "method": self.method, "fingerprint": ":".join(identity.values()), "identity": identity,
+            "code_files": module_hashes("training"),
             "step": self.step, "elapsed": self.elapsed, "resumed_at": list(self.resumed_at),
             "model": model_state, "optimizer": opt_state,
             "np_rng": self.np_rng.bit_generator.state, "torch_gen": self.gen.get_state(),
@@ -587,7 +588,7 @@ class Trainer:
         mine, budget = self._run_fingerprint(), self.cfg.train.steps
         why = None
         if state is not None and state.get("fingerprint") != mine:  # resuming would mix two runs
-            why = f"was made {_made_otherwise(state.get('identity'), self._run_identity())}"
+            why = f"was made {_made_otherwise(state, self._run_identity())}"
         elif state is not None and state["step"] > budget:
             # a shorter budget than the checkpoint's (`train.steps=240` after a 300-step run): resuming
             # returned the 300-step policy as the 240-step run's, which dvc.lock then recorded as such
@@ -666,15 +667,24 @@ class Trainer:
 
 
 _PARTS = {"params": "with other params", "policy": "from another warm-up policy", "data": "on other data",
-          "code": "by other dots code (a module of the package changed since)"}
+          "code": "by other dots code"}
 
 
-def _made_otherwise(theirs: dict | None, mine: dict[str, str]) -> str:
-    """How a checkpoint's run differs from this one, for the line that sets it aside."""
+def _made_otherwise(state: dict, mine: dict[str, str]) -> str:
+    """How a checkpoint's run differs from this one, for the line that sets it aside; for code, which
+    of the modules training runs changed (checkpoints name their modules' hashes since stop 68)."""
+    theirs = state.get("identity")
     if not isinstance(theirs, dict):  # written before checkpoints named their parts (stop 67)
         return ("before checkpoints recorded their code and data, or with other params or another "
                 "warm-up policy")
-    return " and ".join(text for part, text in _PARTS.items() if theirs.get(part) != mine[part])
+    texts = []
+    for part, text in _PARTS.items():
+        if theirs.get(part) != mine[part]:
+            if part == "code":
+                changed = changed_modules(state.get("code_files"), module_hashes("training"))
+                text += f" ({', '.join(changed) if changed else 'a module training runs'} changed since)"
+            texts.append(text)
+    return " and ".join(texts)
 
 
 def _tensor(a: np.ndarray | None) -> torch.Tensor | None:

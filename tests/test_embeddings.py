@@ -93,6 +93,25 @@ def test_embed_recomputes_after_the_pool_changes(copied_root):
     assert stages.embed(cfg)["cached"] is True
 
 
+def test_embed_recomputes_after_its_code_changes(copied_root, monkeypatch, capsys):
+    """A cache is valid for the code that embedded it: a `dots embed` after an edit to the embedding
+    code reused the old cache (keyed by backbone and pool) until stop 68, and so did training."""
+    import dots.embeddings
+
+    cfg = copied_root
+    p = stages.paths(cfg)
+    pool = load_questions(p.pool)
+    old = load_embeddings(p.embeddings, stages._backbone(cfg), pool)
+    monkeypatch.setattr(dots.embeddings, "code_identity", lambda part: f"edited {part}")
+    with pytest.raises(StaleCacheError, match="made by other dots code"):
+        load_embeddings(p.embeddings, stages._backbone(cfg), pool)
+    capsys.readouterr()
+    assert stages.embed(cfg)["cached"] is False
+    assert "made by other dots code" in capsys.readouterr().out
+    assert torch.allclose(load_embeddings(p.embeddings, stages._backbone(cfg), pool), old, atol=1e-5)
+    assert stages.embed(cfg)["cached"] is True
+
+
 def test_embed_recomputes_after_the_backbone_changes(copied_root):
     cfg = copied_root
     p = stages.paths(cfg)

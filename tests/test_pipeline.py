@@ -528,7 +528,7 @@ def test_a_stage_run_again_by_other_code_trains_anew_into_a_new_mlflow_run(
     cfg = tiny_config(tiny_pipeline.root, "tracking.experiment=recoded")
     folders = {"run_dir": tmp_path / "run", "checkpoint_dir": tmp_path / "ck"}
     first = stages.train(cfg, "grpo", **folders)
-    monkeypatch.setattr(dots.trainer, "code_identity", lambda: "edited")
+    monkeypatch.setattr(dots.trainer, "code_identity", lambda part: "edited")
     capsys.readouterr()
     again = stages.train(cfg, "grpo", **folders)
     out = capsys.readouterr().out

@@ -302,12 +302,13 @@ def test_a_checkpoint_made_with_other_params_is_not_resumed_but_kept(tiny_pipeli
 
 
 @pytest.mark.parametrize("change, why", [
-    ("code", "by other dots code (a module of the package changed since)"), ("data", "on other data")])
+    ("code", "by other dots code (update.py changed since)"), ("data", "on other data")])
 def test_a_checkpoint_of_other_code_or_data_is_not_resumed_but_kept(tiny_pipeline, pipeline_data, tmp_path,
                                                                    monkeypatch, capsys, change, why):
     """Params alone do not make the same run: `dvc repro` re-runs a training stage whose module
     changed, and the trainer went on from the old code's checkpoint at the last step, training
-    nothing (stop 67); a dataset file changed under the same params went the same way."""
+    nothing (stop 67); a dataset file changed under the same params went the same way. The line
+    names the module that changed (since stop 68)."""
     import dots.trainer
 
     extra = ("train.steps=2", "train.checkpoint_every=1", "eval.every=2")
@@ -316,7 +317,9 @@ def test_a_checkpoint_of_other_code_or_data_is_not_resumed_but_kept(tiny_pipelin
     kept, made = set_aside_path(tmp_path / "run", trainer._run_fingerprint(), 2), trainer._run_identity()
     pool, held, _, _ = pipeline_data
     if change == "code":
-        monkeypatch.setattr(dots.trainer, "code_identity", lambda: "edited")
+        hashes = dots.trainer.module_hashes("training")
+        monkeypatch.setattr(dots.trainer, "code_identity", lambda part: "edited")
+        monkeypatch.setattr(dots.trainer, "module_hashes", lambda part: {**hashes, "update.py": "edited"})
     else:
         pool = [*pool[:-1], dataclasses.replace(pool[-1], answer=pool[-1].answer + "0")]
     capsys.readouterr()
