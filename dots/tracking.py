@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config
+from .experiment_copy import in_repository
 from .redact import scrub, scrub_tree
 
 PIPELINE_TAG, LOGGED_TAG = "dots.pipeline", "dots.logged_step"
@@ -44,12 +45,7 @@ def store_root(cfg: Config) -> Path:
     the store: a queued sweep's MLflow runs and registered models were lost, and `make ui`
     showed none of them (found at stop 67: "Creating initial MLflow database tables" in the
     queue's log, nothing in the workspace's store)."""
-    root, parent = cfg.root.resolve(), os.environ.get("DVC_ROOT")
-    if parent:
-        here, parent_dir = Path.cwd().resolve(), Path(parent).resolve()
-        if parent_dir != here and root.is_relative_to(here):
-            return parent_dir / root.relative_to(here)
-    return root
+    return in_repository(cfg.root) or cfg.root.resolve()
 
 
 def tracking_uri(cfg: Config) -> str:

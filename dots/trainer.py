@@ -42,11 +42,12 @@ import numpy as np
 import torch
 
 from .determinism import setup_from_config
-from .checkpoints import (CHECKPOINT, SET_ASIDE_KEPT, furthest_set_aside, load_checkpoint, load_tensors,
-                          prune_set_asides, save_checkpoint, set_aside_path)
+from .checkpoints import (CHECKPOINT, SET_ASIDE_KEPT, SetAside, UnsafeFileError, furthest_set_aside,
+                          load_checkpoint, load_tensors, prune_set_asides, save_checkpoint, set_aside_path)
 from .config import TRAITS, Config
 from .data import Question
 from .distributed import rank_generator, setup
+from .experiment_copy import in_repository
 from .embeddings import backbone_identity
 from .evaluation import greedy_accuracy, pass_rates, task_io
 from .faults import fault_point
@@ -606,7 +607,7 @@ class Trainer:
             over = "starting over, " if aside is None else ""
             say(f"{where}: checkpoint (step {state['step']}) {why}; {over}old state kept as {kept.name}")
         if aside is None:
-            return None if why else state
+            return self._from_repository(mine, budget) if why or state is None else state
         taken = load_tensors(aside.path, "checkpoint")
         if taken.get("method") != self.method or taken.get("fingerprint") != mine:
             raise ValueError(f"{aside.path}: its name says it is this {self.method} run's state, and it "
@@ -616,6 +617,44 @@ class Trainer:
         say(f"{where}: going on from {aside.path.name} (step {aside.step}), set aside earlier by a run with "
             "these params")
         return taken
+
+    def _from_repository(self, mine: str, budget: int) -> dict | None:
+        """In a DVC experiment's temporary copy (`dvc exp run --queue`, `--temp`), which holds no
+        checkpoint of its own, this run's checkpoint in the repository the copy was made from:
+        its checkpoint.pt or one set aside there, whichever got further within `train.steps`,
+        read where it lies and never moved (other experiments may read it too); else None. Why:
+        every `train@*` stage shares one params list, so a queued sweep of `selection.tau` re-ran
+        `train@grpo` in each copy, and grpo, whose key leaves DOTS' params out, trained from step 0
+        in each (found at stop 68: 47 s a copy here, hours on the GPU profile), where a workspace
+        `dvc exp run` goes on from its finished checkpoint and only exports."""
+        source = in_repository(self.checkpoint_dir)
+        if source is None:
+            return None
+
+        read: dict[Path, dict] = {}  # rank 0's checkpoint.pt, read once when it is the one chosen
+
+        def furthest() -> SetAside | None:
+            found = [a for a in [furthest_set_aside(source, mine, budget)] if a is not None]
+            try:
+                current = load_checkpoint(source)
+            except UnsafeFileError as exc:
+                say(f"{self.checkpoint_dir}: the repository's checkpoint is not used: {exc}")
+                current = None
+            if current is not None and current.get("fingerprint") == mine and current["step"] <= budget:
+                read[source / CHECKPOINT] = current
+                found.append(SetAside(source / CHECKPOINT, int(current["step"])))
+            return max(found, key=lambda a: a.step, default=None)
+
+        chosen = self.dist.decide(furthest)
+        if chosen is None:
+            return None
+        state = read.get(chosen.path) or load_tensors(chosen.path, "checkpoint")
+        if state.get("method") != self.method or state.get("fingerprint") != mine:
+            say(f"{self.checkpoint_dir}: {chosen.path} changed while it was read; starting over")
+            return None
+        say(f"{self.checkpoint_dir}: going on from the repository's {chosen.path} (step {chosen.step}): this "
+            "experiment runs in the copy DVC made of the repository, which holds no checkpoint of its own")
+        return state
 
     def _move_checkpoints(self) -> None:
         """Rank 0, once every rank has read the checkpoints: set aside and take back the files

@@ -179,7 +179,8 @@ def test_an_experiment_dvc_runs_in_a_temporary_copy_logs_to_the_repositorys_mlfl
     .dvc/tmp/exps that DVC deletes when the experiment ends. The default MLflow store was the
     copy's `artifacts/mlflow.db`: every run of a queued sweep was lost with it, and `make ui` showed
     none (found at stop 67). Now the store is the repository's (DVC_ROOT), and each run is tagged
-    with the experiment's name."""
+    with the experiment's name; a training whose key the change leaves as it was goes on from the
+    repository's checkpoint (stop 68)."""
     from mlflow.tracking import MlflowClient
 
     repo, _, _ = flow_repo
@@ -194,6 +195,13 @@ def test_an_experiment_dvc_runs_in_a_temporary_copy_logs_to_the_repositorys_mlfl
     assert {r.data.tags["method"] for r in runs} == {"pipeline", "grpo", "dots_rr"}, out
     assert {r.info.status for r in runs} == {"FINISHED"}
     assert not list((clone / ".dvc" / "tmp").rglob("mlflow.db"))
+    # grpo never reads selection params: in the copy, which holds no checkpoints, its stage goes on
+    # from the repository's finished checkpoint (it trained from step 0 until stop 68), and its run
+    # in the experiment still carries the whole curve
+    assert "going on from the repository's" in out, out
+    grpo = next(r for r in runs if r.data.tags["method"] == "grpo")
+    losses = client.get_metric_history(grpo.info.run_id, "train/loss")
+    assert max(m.step for m in losses) == load_config(clone / "params.yaml").train.steps
 
 
 def test_the_default_store_of_a_stage_dvc_runs_in_a_copy_is_the_repositorys(tmp_path, monkeypatch):

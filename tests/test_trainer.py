@@ -343,6 +343,48 @@ def test_a_param_the_method_never_reads_keeps_its_finished_checkpoint(tiny_pipel
         assert again.step == (2 if method == "grpo" else 0), method
 
 
+def test_a_run_in_a_dvc_experiment_copy_goes_on_from_the_repositorys_checkpoint(tiny_pipeline, pipeline_data,
+                                                                              tmp_path, monkeypatch, capsys):
+    """`dvc exp run --queue` / `--temp` run a stage in a copy of the repository that holds no
+    checkpoints: a queued sweep of `selection.tau` trained grpo from step 0 in every copy (stop 68).
+    Now a run with no checkpoint of its own goes on from the repository's, read where it lies; one
+    with other params, and any run outside such a copy, starts over."""
+    extra = ("train.steps=2", "train.checkpoint_every=1", "eval.every=2")
+    repo = tmp_path / "repo"
+    copy = repo / ".dvc" / "tmp" / "exps" / "tmpabc"
+    theirs, mine = repo / "ck" / "grpo", copy / "ck" / "grpo"
+    _, made = _trainer(tiny_pipeline, pipeline_data, "grpo", theirs, *extra)
+    made.run()
+    kept = (theirs / "checkpoint.pt").read_bytes()
+    copy.mkdir(parents=True)
+    monkeypatch.chdir(copy)
+    monkeypatch.setenv("DVC_ROOT", str(repo))
+    capsys.readouterr()
+    _, again = _trainer(tiny_pipeline, pipeline_data, "grpo", mine, *extra, "selection.tau=0.3", resume=True)
+    assert again.step == 2 and again.records == made.records
+    assert f"going on from the repository's {theirs / 'checkpoint.pt'} (step 2)" in capsys.readouterr().out
+    assert (theirs / "checkpoint.pt").read_bytes() == kept and not set_asides(theirs)  # read where it lies
+    _, other = _trainer(tiny_pipeline, pipeline_data, "grpo", mine, *extra, "train.lr=0.002", resume=True)
+    assert other.step == 0
+    monkeypatch.setenv("DVC_ROOT", str(copy))  # `dvc repro` in the copy itself: nothing to look up
+    assert _trainer(tiny_pipeline, pipeline_data, "grpo", mine, *extra, resume=True)[1].step == 0
+
+
+def test_in_repository_maps_a_path_of_a_dvc_copy_to_the_repository(tmp_path, monkeypatch):
+    from dots.experiment_copy import in_repository
+
+    copy = tmp_path / "repo" / ".dvc" / "tmp" / "exps" / "tmpabc"
+    copy.mkdir(parents=True)
+    monkeypatch.chdir(copy)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    assert in_repository("artifacts") is None  # not run by DVC
+    monkeypatch.setenv("DVC_ROOT", str(copy))
+    assert in_repository("artifacts") is None  # `dvc repro`: the repository itself
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "repo"))
+    assert in_repository("artifacts/checkpoints") == tmp_path / "repo" / "artifacts" / "checkpoints"
+    assert in_repository(tmp_path / "elsewhere") is None  # outside the copy
+
+
 def test_params_changed_back_go_on_from_their_set_aside_checkpoint(tiny_pipeline, pipeline_data, tmp_path,
                                                                     capsys):
     """A params change reverted: the first run goes on from where it was set aside instead of
