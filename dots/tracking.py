@@ -30,6 +30,7 @@ from typing import Any
 
 from .config import Config
 from .experiment_copy import in_repository
+from .provenance import code_identity
 from .redact import scrub, scrub_tree
 
 PIPELINE_TAG, LOGGED_TAG = "dots.pipeline", "dots.logged_step"
@@ -78,8 +79,15 @@ def data_version(cfg: Config) -> str:
 
 
 def pipeline_id(cfg: Config) -> str:
+    """The MLflow parent's key outside a flow or a bench (which set DOTS_PIPELINE_ID): params,
+    commit and the training code (`provenance.code_identity("training")`). Why the code: a
+    `dvc repro` after an edit to a module training runs, not committed, trains every method
+    again, and its runs went under the parent of that commit's earlier pipeline, whose figures the
+    compare stage then overwrote (stop 67's note; since stop 68 the code's part). An edit to
+    another module (evaluation, logging) keeps the parent: its stages find the runs they follow."""
     return os.environ.get("DOTS_PIPELINE_ID") or (
-        cfg.fingerprint(("paths", "train.method", "train.threads", "bench", "tracking")) + "-" + git_commit()[:12])
+        cfg.fingerprint(("paths", "train.method", "train.threads", "bench", "tracking")) + "-" + git_commit()[:12]
+        + "-" + code_identity("training")[:8])
 
 
 def _first_line(exc: Exception) -> str:
@@ -170,7 +178,7 @@ class Tracker:
         created when missing, with `params` beside the config's; tagged with this process as its
         owner, after the runs of owners that are gone are ended (`end_stale_runs`).
         `go_on=False` (a training that starts at step 0) always creates a new one. Why: the
-        pipeline's id is its params and commit, so a stage re-run at the same commit (a module
+        pipeline's id was its params and commit, so a stage re-run at the same commit (a module
         edited, not committed; `dvc repro -f`) found the earlier run FINISHED up to its last step,
         logged none of its new steps there and overwrote its summary figures: the MLflow UI showed
         the old curve under the new run's time to target. The earlier run stays as it was; the

@@ -527,7 +527,7 @@ def test_a_stage_run_again_by_other_code_trains_anew_into_a_new_mlflow_run(
     old code's checkpoint at the last step and trained nothing, and its MLflow run (the pipeline's
     id is params and commit, so the same at an uncommitted edit) was the old one taken back: no
     new step logged, the old curve under the new figures (found at stop 67). Now the stage trains
-    from step 0 into a new run; the earlier run keeps its own curve."""
+    from step 0 into a new run, under a parent of its own; the earlier run keeps its own curve."""
     from mlflow.tracking import MlflowClient
 
     import dots.trainer
@@ -536,7 +536,10 @@ def test_a_stage_run_again_by_other_code_trains_anew_into_a_new_mlflow_run(
     cfg = tiny_config(tiny_pipeline.root, "tracking.experiment=recoded")
     folders = {"run_dir": tmp_path / "run", "checkpoint_dir": tmp_path / "ck"}
     first = stages.train(cfg, "grpo", **folders)
+    import dots.tracking
+
     monkeypatch.setattr(dots.trainer, "code_identity", lambda part: "edited")
+    monkeypatch.setattr(dots.tracking, "code_identity", lambda part: "edited")  # the same files, read by both
     capsys.readouterr()
     again = stages.train(cfg, "grpo", **folders)
     out = capsys.readouterr().out
@@ -553,6 +556,9 @@ def test_a_stage_run_again_by_other_code_trains_anew_into_a_new_mlflow_run(
     from dots.tracking import Tracker, method_run
 
     assert method_run(Tracker(cfg), "grpo") == runs[-1].info.run_id  # the evaluate stage's run: the new one
+    # under a parent of its own (since stop 68): the commit's earlier parent keeps its figures
+    parents = [r.data.tags["dots.pipeline"] for r in runs]
+    assert parents[0] != parents[1] and parents[1].endswith("-edited"), parents
 
 
 def test_a_run_closed_before_the_error_stays_finished_and_a_store_gone_is_one_line(tmp_path, capsys):
