@@ -533,6 +533,7 @@ def test_a_stage_run_again_by_other_code_trains_anew_into_a_new_mlflow_run(
     import dots.trainer
     from dots import stages
 
+    monkeypatch.delenv("DOTS_PIPELINE_ID", raising=False)  # a by-hand stage: no flow's or bench's id
     cfg = tiny_config(tiny_pipeline.root, "tracking.experiment=recoded")
     folders = {"run_dir": tmp_path / "run", "checkpoint_dir": tmp_path / "ck"}
     first = stages.train(cfg, "grpo", **folders)
