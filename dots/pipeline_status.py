@@ -11,8 +11,8 @@ Only the flows and the bench import this module (no DVC stage reaches it): endin
 orchestrator's job, and a `dots` command run by hand leaves its pipeline's parent open for the
 next stage of the same pipeline (its id is the config's, the commit's and the training code's),
 as before. The bench (`dots bench`, `make bench`) is its own orchestrator: it ends its runs the
-same way. A training
-stage that raises ends its own training run wherever it runs (`dots.stages.runs_ended_on_error`).
+same way. A training stage that raises ends its own training run wherever it runs
+(`dots.stages.runs_ended_on_error`).
 """
 
 from __future__ import annotations

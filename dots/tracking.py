@@ -85,8 +85,10 @@ def pipeline_id(cfg: Config) -> str:
     again, and its runs went under the parent of that commit's earlier pipeline, whose figures the
     compare stage then overwrote (stop 67's note; since stop 68 the code's part). An edit to
     another module (evaluation, logging) keeps the parent: its stages find the runs they follow."""
+    if os.environ.get("DOTS_PIPELINE_ID"):
+        return os.environ["DOTS_PIPELINE_ID"]
     key = cfg.fingerprint(("paths", "train.method", "train.threads", "bench", "tracking"))
-    return os.environ.get("DOTS_PIPELINE_ID") or f"{key}-{git_commit()[:12]}-{code_identity('training')[:8]}"
+    return f"{key}-{git_commit()[:12]}-{code_identity('training')[:8]}"
 
 
 def _first_line(exc: Exception) -> str:
