@@ -42,13 +42,14 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -519,6 +520,34 @@ def check_arguments(cfg: Config, seeds: Sequence[int], methods: Sequence[str] | 
     return methods
 
 
+@contextlib.contextmanager
+def bench_parent(cfg: Config, variants: Sequence[Variant]) -> Iterator[str]:
+    """One MLflow parent for every seed of a bench: DOTS_PIPELINE_ID while the bench runs (its
+    seeds' processes inherit it), restored as it was when the bench ends, so that a second bench or
+    a by-hand stage in the same process (a test, a notebook) does not log under this one's parent.
+    A flow's id, set before, is kept. The key holds the code too: after an edit to what trains its
+    runs, a bench trains every run again (`finished_run`) under its own parent; an edit to its
+    report alone reads them back under the same one."""
+    before = os.environ.get("DOTS_PIPELINE_ID")
+    if not cfg.tracking.enabled or before:
+        yield before or ""
+        return
+    from .tracking import git_commit  # noqa: PLC0415
+
+    tag = "".join(f"+{v.label}:{','.join(v.overrides)}" for v in variants)
+    variants_tag = f"-{hashlib.sha256(tag.encode()).hexdigest()[:8]}" if tag else ""
+    parent = f"bench-{cfg.fingerprint(BENCH_EXCLUDE)}-{git_commit()[:12]}" \
+        f"-{code_identity('bench run')[:8]}{variants_tag}"
+    os.environ["DOTS_PIPELINE_ID"] = parent
+    try:
+        yield parent
+    finally:
+        if before is None:
+            os.environ.pop("DOTS_PIPELINE_ID", None)
+        else:
+            os.environ["DOTS_PIPELINE_ID"] = before
+
+
 def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, out_dir: Path = RESULTS,
               dataset: str | Path | None = None,
               runner: Callable[..., dict] | None = None, variants: Sequence[Variant] = (),
@@ -532,19 +561,11 @@ def run_bench(cfg: Config, seeds: list[int], methods: list[str] | None = None, o
     if dataset is not None and not Path(dataset).exists():
         say(f"bench: --dataset {dataset}: no such file; the predictor round will not be timed")
     all_arms = arms(methods, variants)
-    if cfg.tracking.enabled and "DOTS_PIPELINE_ID" not in os.environ:  # one MLflow parent for every seed
-        from .tracking import git_commit  # noqa: PLC0415
-
-        tag = "".join(f"+{v.label}:{','.join(v.overrides)}" for v in variants)
-        # the code too: after an edit to what trains its runs, a bench trains every run again (`finished_run`),
-        # under its own parent; an edit to its report alone reads them back under the same one
-        variants_tag = f"-{hashlib.sha256(tag.encode()).hexdigest()[:8]}" if tag else ""
-        os.environ["DOTS_PIPELINE_ID"] = f"bench-{cfg.fingerprint(BENCH_EXCLUDE)}-{git_commit()[:12]}" \
-            f"-{code_identity('bench run')[:8]}{variants_tag}"
     # a second bench of this workspace waits: two would train the same run folders at once; a bench
     # that fails marks its MLflow parent FAILED (it stayed RUNNING), a bench run again finishes it
-    with exclusive(cfg.root, f"bench of seeds {' '.join(map(str, seeds))} ({' '.join(all_arms)})"), \
-            pipeline_runs_ended(cfg, os.environ.get("DOTS_PIPELINE_ID", "")):
+    with bench_parent(cfg, variants) as parent, \
+            exclusive(cfg.root, f"bench of seeds {' '.join(map(str, seeds))} ({' '.join(all_arms)})"), \
+            pipeline_runs_ended(cfg, parent):
         start, began = time.perf_counter(), time.time()  # after any wait: its seconds are not the bench's
         (shared or prepare_shared)(cfg)
         order = run_order(all_arms, seeds)

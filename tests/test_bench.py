@@ -340,12 +340,14 @@ def test_a_missing_dataset_is_said_before_the_shared_stages(tmp_path, monkeypatc
 def test_a_bench_after_an_edit_logs_under_its_own_mlflow_parent(tmp_path, monkeypatch):
     """A bench after an edit to the package trains every run again (`finished_run`): its runs go
     under a parent of their own, not beside the old code's in the same one; the same code again
-    takes the same parent (a bench run again finishes it)."""
+    takes the same parent (a bench run again finishes it). The bench's id lasts as long as the
+    bench: a second bench or a by-hand stage in the same process does not inherit it, and a flow's
+    id set before is kept and left as it was."""
     cfg = bench.bench_config(load_config(REPO / "params.yaml", [f"paths.root={tmp_path / 'artifacts'}"]))
     ids = []
 
     def stop(_cfg):
-        ids.append(os.environ.pop("DOTS_PIPELINE_ID"))
+        ids.append(os.environ["DOTS_PIPELINE_ID"])
         raise RuntimeError("shared stages reached")
 
     monkeypatch.setattr(bench, "prepare_shared", stop)
@@ -356,7 +358,12 @@ def test_a_bench_after_an_edit_logs_under_its_own_mlflow_parent(tmp_path, monkey
             monkeypatch.setattr(bench, "code_identity", lambda part: "edited-code")
         with pytest.raises(RuntimeError, match="shared stages reached"):
             bench.run_bench(cfg, [0], ["grpo", "dots_rr"], tmp_path / "results")
+        assert "DOTS_PIPELINE_ID" not in os.environ  # the bench's id ended with it
     assert ids[0] == ids[1] != ids[2] and ids[2].startswith("bench-"), ids
+    monkeypatch.setenv("DOTS_PIPELINE_ID", "prefect-flow-run")  # a flow's parent: the bench's runs go there
+    with pytest.raises(RuntimeError, match="shared stages reached"):
+        bench.run_bench(cfg, [0], ["grpo", "dots_rr"], tmp_path / "results")
+    assert ids[3] == os.environ["DOTS_PIPELINE_ID"] == "prefect-flow-run"
 
 
 def test_the_comparison_names_a_resumed_run():
