@@ -47,15 +47,25 @@ TO_TARGET = ("time_to_target_s", "time_to_target_adjusted_s", "steps_to_target",
              "tokens_trained_to_target")
 
 
-def to_target(row: dict, key: str) -> float | None:
+def to_target(row: dict, key: str, measured: bool = True) -> float | None:
     """A run's cost to the target as its medians read it: +inf for a run that had a target and
     never reached it (infinitely slow, as in the paired ratios). Why: leaving the misses out made
     the median of an arm that reached the target on 2 of 6 seeds the median of its 2 runs that
-    did, its fastest. None where there was no target or the figure was not measured (no
-    load-adjusted seconds off lockstep)."""
-    if row.get("target_accuracy") is not None and row.get("steps_to_target") is None:
+    did, its fastest. None where there was no target or the bench did not measure the figure
+    (`measured_figures`: no load-adjusted seconds off lockstep)."""
+    if measured and row.get("target_accuracy") is not None and row.get("steps_to_target") is None:
         return float("inf")
     return row.get(key)
+
+
+def measured_figures(rows: list[dict]) -> set[str]:
+    """The costs to target (`TO_TARGET`) a bench measured: those some run has a value of. Why: a
+    bench timed off lockstep (on a GPU, or with fewer than 3 arms) has no load-adjusted seconds,
+    yet a run that missed the target was scored for them all the same (+inf in its arm's median,
+    0 in a ratio to a peer that missed): the ratio to `dapo` read 0.0 from its missed seeds
+    alone, the peer goal judged it and called 0.0 met against a raw 0.9, and `dots bench-diff`
+    decided on it. grpo reaches its own end point on every seed, so a measured figure has one."""
+    return {k for k in TO_TARGET if any(r.get(k) is not None for r in rows)}
 
 
 def median_of(vals: list) -> float | None:
@@ -119,9 +129,12 @@ def paired_ratio(mine: float | None, base: float | None) -> float | None:
     return mine / base
 
 
-def paired_ratios(mine: list[dict], base: list[dict], key: str) -> dict:
+def paired_ratios(mine: list[dict], base: list[dict], key: str, measured: bool = True) -> dict:
     """Seed-paired ratios of `key` (mine / base): their median, the per-seed values and a 90%
-    bootstrap interval of the median."""
+    bootstrap interval of the median; none of a figure the bench did not measure (`measured_figures`),
+    whose misses say nothing either."""
+    if not measured:
+        return paired([])
     by_seed = {r["seed"]: r for r in base}
     ratios = [paired_ratio(r.get(key), by_seed[r["seed"]].get(key)) if by_seed[r["seed"]].get(
         "steps_to_target") is not None else never_base_ratio(r) for r in mine if r["seed"] in by_seed]
@@ -189,7 +202,7 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
     def by_arm(some: list[dict]) -> dict[str, list[dict]]:
         return {m: [r for r in some if r["method"] == m] for m in methods}
 
-    runs = by_arm(rows)
+    runs, measured = by_arm(rows), measured_figures(rows)
     runs_vs = {b: by_arm(rows_b) for b, rows_b in (baseline_rows or {}).items()}  # against b's own end point
     grpo = runs.get("grpo", [])
     by_label = {v.label: v for v in variants}
@@ -203,7 +216,7 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
         if (v := by_label.get(m)) is not None:
             stats["variant_of"], stats["overrides"] = v.method, list(v.overrides)
         for k in MEDIAN_KEYS:
-            vals = [to_target(r, k) if k in TO_TARGET else r.get(k) for r in mine]
+            vals = [to_target(r, k, k in measured) if k in TO_TARGET else r.get(k) for r in mine]
             stats[k], stats[f"{k}_spread"] = median_of(vals), spread_of(vals)
         own = [v.method] if v is not None and v.method in runs and v.method not in peers else []
         bases = [*peers, *own, *(b for b in other_bases if b != m)]
@@ -212,7 +225,7 @@ def summarize(rows: list[dict], methods: list[str], variants: Sequence[Variant] 
             arm_rows = runs_vs.get(b, runs)
             pairs.append((arm_rows[m], arm_rows[b], f"_vs_{b}"))
         for mine_b, base, suffix in pairs:
-            figures = [(name, paired_ratios(mine_b, base, key)) for key, name in RATIOS]
+            figures = [(name, paired_ratios(mine_b, base, key, key in measured)) for key, name in RATIOS]
             figures += [("end_point_diff", paired_differences(mine_b, base, "final_smoothed")),  # as the target
                         ("equal_time_diff", equal_time_differences(mine_b, base))]
             for name, pr in figures:

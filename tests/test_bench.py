@@ -747,6 +747,34 @@ def test_a_peer_that_never_reaches_the_target_keeps_its_seed_in_the_pairing():
     assert s["time_to_target_ratio_per_seed"] == [0.5, float("inf"), 0.5]  # against grpo, as before
 
 
+@pytest.mark.parametrize("lockstep", [True, False])
+def test_a_miss_costs_never_only_in_the_figures_the_bench_measured(lockstep):
+    """Off lockstep (a GPU bench, fewer than 3 arms) no run has load-adjusted seconds. A dapo that
+    missed on seed 0 once made the adjusted ratio to dapo 0.0 from that seed alone, the peer goal
+    judged it (met at 0.0 against a raw 0.9) and dapo's adjusted median was never; in lockstep the
+    miss is still never (+inf, 0 in the ratio to it)."""
+    from dots.config import Config
+
+    rows = []
+    for seed in range(5):
+        for method, tts in (("grpo", 100.0), ("dots_rr", 90.0), ("dapo", None if seed == 0 else 100.0)):
+            row = _row(method, seed, tts, None if tts is None else 3 * tts)
+            row["time_to_target_adjusted_s"] = tts if lockstep and tts is not None else None
+            rows.append(row)
+    s = bench_summary.summarize(rows, ["grpo", "dots_rr", "dapo"])
+    assert s["dots_rr"]["time_to_target_ratio_vs_dapo_per_seed"] == pytest.approx([0.0, 0.9, 0.9, 0.9, 0.9])
+    assert s["dapo"]["time_to_target_s"] == 100.0 and s["dapo"]["time_to_target_s_spread"][1] == float("inf")
+    peer = next(g for g in bench_goals.goals(s, Config(), ROUND, rows) if g["goal"].startswith("peer dapo"))
+    assert peer["value"] == pytest.approx(0.9) and not peer["met"]
+    adjusted = s["dots_rr"]["time_to_target_adjusted_ratio_vs_dapo_per_seed"]
+    if lockstep:
+        assert adjusted == pytest.approx([0.0, 0.9, 0.9, 0.9, 0.9])
+        assert s["dapo"]["time_to_target_adjusted_s_spread"][1] == float("inf")
+    else:
+        assert adjusted == [] and s["dots_rr"]["time_to_target_adjusted_ratio_vs_dapo"] is None
+        assert s["dapo"]["time_to_target_adjusted_s"] is None and s["dots_rr"]["time_to_target_adjusted_ratio"] is None
+
+
 def test_the_peers_params_leave_the_other_methods_runs_alone():
     from dots.config import Config
 
