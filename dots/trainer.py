@@ -397,7 +397,9 @@ class Trainer:
         if self.uses_replay:
             stale = ReplayBuffer.staleness(replayed, self.step - 1) or [0]
             rec.update({
-                "replay/size": len(self.buffer), "replay/fraction": len(replayed) / len(groups),
+                # greso_rr's dynamic sampling can end a step short with no group at all (an empty buffer too)
+                "replay/size": len(self.buffer),
+                "replay/fraction": len(replayed) / len(groups) if groups else None,
                 "replay/staleness_mean": float(np.mean(stale)), "replay/staleness_max": int(np.max(stale)),
                 "replay/ratio_mean": stats.get("replay_ratio_mean", 1.0),
                 "replay/ratio_max": stats.get("replay_ratio_max", 1.0),

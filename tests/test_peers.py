@@ -527,9 +527,14 @@ def test_peer_steps_train_only_varied_groups_and_record_their_sampling(tiny_pipe
     assert any(not torch.equal(before[k], after[k]) for k in before), "the policy did not move"
 
 
-def test_a_step_with_nothing_varied_is_short_and_leaves_the_policy(tiny_pipeline, pipeline_data, tmp_path):
-    """Every rollout all wrong: the round limit ends the step with no group to train on."""
-    cfg, trainer = _peer(tiny_pipeline, pipeline_data, "dapo", tmp_path / "dapo", "dapo.max_gen_batches=2")
+@pytest.mark.parametrize("method", ["dapo", "greso_rr"])
+def test_a_step_with_nothing_varied_is_short_and_leaves_the_policy(tiny_pipeline, pipeline_data, tmp_path,
+                                                                   method):
+    """Every rollout all wrong: the round limit ends the step with no group to train on. greso_rr's
+    buffer is empty then too: its replay fraction divided by the step's group count
+    (ZeroDivisionError, the run died); it is null, as the step's reward mean is."""
+    peer = method.removesuffix("_rr")
+    cfg, trainer = _peer(tiny_pipeline, pipeline_data, method, tmp_path / method, f"{peer}.max_gen_batches=2")
     inner = trainer._rollout
 
     def all_wrong(idx):
@@ -545,9 +550,13 @@ def test_a_step_with_nothing_varied_is_short_and_leaves_the_policy(tiny_pipeline
         rec = trainer.train_step()
     assert rec["train/reward_mean"] is None and rec["train/effective_ratio"] == 0.0
     assert rec["sampling/short"] == 1 and rec["sampling/short_total"] == 1
-    assert rec["sampling/gen_batches"] == 2 and rec["sampling/rollouts"] == 16 and rec["sampling/filtered"] == 16
+    rollouts = 16 if method == "dapo" else 2 * cfg.greso.sampling_batch_size  # nothing varied: full batches
+    assert rec["sampling/gen_batches"] == 2
+    assert rec["sampling/rollouts"] == rec["sampling/filtered"] == rollouts
     assert rec["train/groups_trained"] == 0 and rec["tokens/trained"] == 0 and rec["train/loss"] == 0.0
-    assert rec["tokens/sampled"] >= 16 * cfg.rollout.group_size
+    assert rec["tokens/sampled"] >= rollouts * cfg.rollout.group_size
+    if method == "greso_rr":
+        assert rec["replay/size"] == 0 and rec["replay/fraction"] is None
     after = trainer.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
 
