@@ -73,7 +73,23 @@ def load_policy(path: str | Path, dtype: torch.dtype = torch.float32, key: str =
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # many hub causal LMs ship without a pad token
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    disable_dropout(model)
     return model, tokenizer
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Dropout off in every layer of a loaded policy, as `build_model` makes ours: RL ratios need a
+    deterministic policy. Rollouts score their tokens in inference mode and the update in training
+    mode, so a hub or local model with dropout (a config's `attention_dropout` 0.1, GPT-2's
+    `*_pdrop`) drew ratios of up to 1.05 on fresh, on-policy groups (measured on a Qwen2 layout)
+    and clipped them. Dropout layers get p = 0 and the attention modules' own rate (Qwen2, Llama:
+    a float `attention_dropout`) 0; the config is left as it was, so an exported policy keeps it."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        for name in ("attention_dropout", "dropout"):
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
 
 
 def set_training(model: torch.nn.Module, mode: bool) -> None:

@@ -13,7 +13,7 @@ from dots.cli import main
 from dots.config import ConfigError, load_config
 from dots.evaluation import task_io
 from dots.memory_plan import GiB, plan_for
-from dots.models import build_model, build_tokenizer, save_policy
+from dots.models import build_model, build_tokenizer, load_policy, save_policy
 
 from .conftest import REPO, SHARED_DATA, require_shared
 from .test_cli import SMALL
@@ -130,3 +130,37 @@ def test_math_verify_scores_a_whole_step_in_one_batch():
                     torch.zeros((2, 1)), t) for i, t in enumerate(texts)]
     io.score(groups, qs)
     assert [g.rewards.tolist() for g in groups] == [[1.0, 0.0], [1.0, 0.0]]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_a_loaded_policy_with_dropout_scores_its_tokens_the_same_in_training_mode(tmp_path, arch):
+    """A hub or local policy whose config has dropout (Qwen2's `attention_dropout`, GPT-2's
+    `*_pdrop`): the update scores tokens in training mode, the rollout in inference mode, and
+    with dropout on the ratios of fresh, on-policy groups drew up to 1.05 and clipped. Loaded, it
+    is deterministic in both; its config (what an export writes) keeps the user's values."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+    tok = build_tokenizer()
+    ids = dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+               pad_token_id=tok.pad_token_id)
+    if arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=64, attention_dropout=0.3,
+                                             attn_implementation="eager", **ids))
+    else:
+        model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.3,
+                                           embd_pdrop=0.3, attn_pdrop=0.3, **ids))
+    save_policy(model, tok, tmp_path / "policy")
+    loaded, _ = load_policy(tmp_path / "policy")
+    loaded.train()
+    x = torch.tensor([[tok.bos_token_id, 5, 6, 7, 8, 9]])
+    torch.manual_seed(0)
+    first = loaded(x).logits
+    assert torch.equal(first, loaded(x).logits)
+    loaded.eval()
+    assert torch.allclose(first, loaded(x).logits, atol=1e-6)
+    config = loaded.config.to_dict()
+    assert config.get("attention_dropout", config.get("attn_pdrop")) == 0.3
+
