@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from .rollout import Group
+from .selection import gumbel_topk
 
 
 class ReplayBuffer:
@@ -52,6 +53,11 @@ class ReplayBuffer:
             newest = max(g.version for g in self._groups)
             ages = newest - np.array([g.version for g in candidates], dtype=np.float64)
             w = np.exp(-recency * ages)
+            if np.count_nonzero(w) < k:
+                # old groups' weights underflow to 0 at a steep recency (200: e^-200 per version) and
+                # numpy's draw refuses fewer non-zero weights than draws; the same distribution
+                # (successive draws without replacement) from the log-weights, which never underflow
+                return [candidates[int(i)] for i in gumbel_topk(-recency * ages, k, rng)]
             weights = w / w.sum()
         idx = rng.choice(len(candidates), size=k, replace=False, p=weights)
         return [candidates[int(i)] for i in idx]

@@ -190,6 +190,20 @@ def test_sample_never_returns_an_excluded_group():
     assert buf.sample(3, rng, recency=0.5, exclude=groups) == []
 
 
+def test_a_steep_recency_draws_the_newest_groups_where_old_weights_underflow():
+    """replay.recency = 200: exp(-200 x age) is 0.0 in float64 past 3 versions, and numpy's draw
+    refused fewer non-zero weights than draws (ValueError, the run died); now it draws from the
+    log-weights: distinct groups, the newest first in all but a vanishing share of draws."""
+    buf = ReplayBuffer(64)
+    for q in range(40):
+        buf.add(make_group(INFORMATIVE, qid=q, version=q))
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        drawn = buf.sample(8, rng, recency=200.0)
+        assert _qids(drawn) == list(range(32, 40))
+    assert len(buf.sample(8, rng, recency=0.1)) == 8  # the usual draw where the weights are all positive
+
+
 def test_fill_gives_each_degenerate_fresh_slot_to_one_more_replayed_group(tiny_pipeline, tmp_path):
     """replay.fill: with 8 groups a step and delta 0.5, 4 are replayed and 4 fresh; when 3 of
     the fresh ones come back degenerate, 3 more distinct groups are replayed (never one of
