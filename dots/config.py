@@ -277,8 +277,10 @@ class SelectionConfig(_Section):
     every: int = _range(1, None, default=8, desc="steps per DOTS selection round (8 with a 128-group replay "
                                                  "buffer: 0.91-0.92x dots_rr's time to target of every 4 with "
                                                  "256, ten seeds, measured twice side by side)")
-    ref_size: int = _range(1, None, default=32, desc="K reference questions rolled out per round; keep "
-                                                     "small against every x batch_size")
+    ref_size: int = _range(2, None, default=32, desc="K reference questions rolled out per round; keep "
+                                                     "small against every x batch_size (at least 2: the "
+                                                     "predictor's training masks a query out of its own "
+                                                     "references, and one left it none)")
     alpha: float = _range(0, 1, default=0.5, desc="target difficulty (0.5 maximises the GRPO gradient)")
     online_calibration: bool = Field(False, description="refit the predictor's calibration (T, b) each round "
                                                         "from the difficulties its selected questions showed")

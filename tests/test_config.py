@@ -36,6 +36,11 @@ def test_ref_size_larger_than_poolrefused():
               "train.batch_size=16", "selection.ref_size=2048"], "selection.ref_size", "task.pool_size")
 
 
+def test_one_reference_is_refused():
+    # the predictor's training masks a query out of its own references: with one, none was left (NaN)
+    refused(["selection.ref_size=1"], "selection.ref_size", "2")
+
+
 def test_ref_size_plus_round_must_fit_the_pool():
     # each fits alone, but a round needs ref_size + every x batch_size distinct questions
     refused(["task.pool_size=1024", "label.num_questions=128", "predictor.batch_size=64",
