@@ -19,6 +19,7 @@ from typing import Any, Callable, Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 BENCH_METHODS = ("grpo", "dots", "rr", "dots_rr", "dapo", "greso")  # what `make bench` trains
 # The seeds `make bench` trains. Six, not five: seeds train `bench.workers` (2) at a time, so a
@@ -165,8 +166,20 @@ class DatasetSpec(BaseModel):
         return "datasets"
 
 
+_NUMBERS = (int, float, int | None, float | None)
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_yes_no_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """A yes/no is not a number: pydantic reads `true` as 1, so `-S train.steps=true` or
+        `eval.every: yes` (YAML's booleans) trained 1 step or evaluated every step without a word."""
+        if isinstance(value, bool) and cls.model_fields[info.field_name].annotation in _NUMBERS:
+            raise PydanticCustomError("yes_no_for_a_number", "a yes/no (true, false, yes, no), not a number")
+        return value
 
 
 class Tier(_Section):
@@ -236,6 +249,9 @@ class WarmupConfig(_Section):
                                                "labels only")
     spectrum_questions: int = _range(8, None, default=1024, desc="pool questions rolled out (G each) to "
                                                                  "print the difficulty spectrum")
+
+
+EMBED_PREFIXES = ("hf:", "sentence-transformers:")  # what embed.backbone may start with, beside 'warmup'
 
 
 class EmbedConfig(_Section):
@@ -628,14 +644,24 @@ class Config(_Section):
             raise ValueError("label.policies: needs at least one policy")
         if not self.task.tiers:
             raise ValueError("task.tiers: needs at least one tier")
-        if self.task.source == "dataset":
-            if not self.task.dataset:
-                raise ValueError("task.dataset: needed when task.source is 'dataset' (at least a path)")
+        if self.task.source == "dataset" and not self.task.dataset:
+            raise ValueError("task.dataset: needed when task.source is 'dataset' (at least a path)")
+        if self.task.dataset:  # also while unread (task.source synthetic): a typo in it is named now
             try:
                 DatasetSpec.model_validate(self.task.dataset)
             except ValidationError as exc:
                 err = exc.errors()[0]
                 raise ValueError(f"task.dataset.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
+        if not self.train.methods:
+            raise ValueError("train.methods: needs at least one method (what `dots all` and `make run` "
+                             "train)")
+        if repeated := sorted({m for m in self.train.methods if self.train.methods.count(m) > 1}):
+            raise ValueError(f"train.methods: {repeated} given twice (each would train from step 0 again)")
+        backbone = self.embed.backbone
+        if backbone != "warmup" and not any(backbone.startswith(p) and backbone[len(p):]
+                                            for p in EMBED_PREFIXES):
+            raise ValueError(f"embed.backbone: {backbone!r}; allowed: 'warmup', 'hf:<name or path>' or "
+                             "'sentence-transformers:<name>'")
         if self.model.pretrained:
             if self.embed.backbone == "warmup":
                 raise ValueError("embed.backbone: 'warmup' needs the embedded model; with model.pretrained use "
@@ -822,13 +848,33 @@ def params_file(named: str | Path | None, default: str = "params.yaml") -> str |
     return users_params(chosen, say)  # not a running flow's overrides, unless this is that flow's stage
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping: PyYAML keeps the last, so a params file
+    with two `train:` sections dropped the first one's settings without a word."""
+
+
+def _mapping_without_repeats(loader: _UniqueKeys, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{key!r} is given twice in one mapping (the second would silently replace the "
+                "first)", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_repeats)
+
+
 def load_config(path: str | Path | None = "params.yaml",
                 overrides: list[str] | dict[str, Any] | None = None) -> Config:
     """Read `path` (missing file = all defaults), apply overrides, validate, or raise ConfigError."""
     raw: dict[str, Any] = {}
     if path is not None and Path(path).exists():
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
+            raw = yaml.load(Path(path).read_text(), Loader=_UniqueKeys) or {}  # noqa: S506 (a SafeLoader)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
         if not isinstance(raw, dict):

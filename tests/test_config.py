@@ -312,3 +312,40 @@ def test_every_method_has_one_row_of_traits_and_the_bench_follows_it():
         assert ("replay" in unused) is not traits.replays, method
         assert {p for p in bench_summary.PEERS if p not in unused} == ({traits.filters} if traits.filters else set()), method
     assert TRAITS["dots_rr"].selects and TRAITS["dots_rr"].replays and TRAITS["greso_rr"].filters == "greso"
+
+
+@pytest.mark.parametrize("override", ["train.steps=true", "eval.every=yes", "train.lr=true",
+                                      "train.target_accuracy=false"])
+def test_a_yes_no_for_a_number_is_refused_naming_its_key(override):
+    # pydantic read true as 1: one training step, an evaluation every step, without a word
+    refused([override], override.split("=")[0], "a yes/no")
+
+
+def test_train_methods_empty_or_repeated_is_refused():
+    refused(["train.methods=[]"], "train.methods", "at least one")
+    refused(["train.methods=[grpo, dots_rr, grpo]"], "train.methods", "['grpo'] given twice")
+
+
+@pytest.mark.parametrize("backbone", ["sentence_transformers:all-MiniLM-L6-v2", "hf: ", "warm-up", "bert"])
+def test_a_malformed_embed_backbone_is_refused_before_any_stage(backbone):
+    # it was refused by the embed stage, after prepare and the whole warm-up
+    refused([f"embed.backbone={backbone}"], "embed.backbone")
+
+
+def test_a_dataset_spec_beside_the_synthetic_task_is_still_checked():
+    refused(["task.dataset={path: x.parquet, colum: q}"], "task.dataset.colum")
+    # unread: prepare says so
+    assert load_config(None, ["task.dataset.path=x.parquet"]).task.source == "synthetic"
+
+
+def test_a_params_file_with_a_section_given_twice_is_refused(tmp_path):
+    # PyYAML keeps the last: the first train section's steps and method were dropped without a word
+    params = tmp_path / "params.yaml"
+    params.write_text("train:\n  steps: 5\n  method: grpo\ntrain:\n  batch_size: 32\n")
+    with pytest.raises(ConfigError, match="'train' is given twice") as info:
+        load_config(params)
+    assert "line 4" in str(info.value)
+    params.write_text("train:\n  steps: 5\n  steps: 6\n")
+    with pytest.raises(ConfigError, match="'steps' is given twice"):
+        load_config(params)
+
