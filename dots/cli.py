@@ -67,6 +67,9 @@ def _parser(prog: str = "dots") -> argparse.ArgumentParser:
     ev.add_argument("--answer", default="reward_model.ground_truth", help="dotted answer column")
     ev.add_argument("--id", default="extra_info.index", help="dotted id column; 'none' numbers the rows")
     ev.add_argument("--limit", type=_int_in(1, None), help="first N rows only")
+    ev.add_argument("--unparseable", choices=("refuse", "drop"), default="refuse",
+                    help="rows whose ground truth the reward cannot read: refuse the set (default) or drop "
+                         "them, reported")
     ev.add_argument("--policy", help="model folder or hub name (default: the config's policy)")
     ev.add_argument("--checkpoint", help="training checkpoint (folder or .pt) loaded into the policy")
     ev.add_argument("--samples", type=_int_in(0, None), default=0, metavar="G",
@@ -173,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
             elif args.command == "evaluate":
                 _evaluate(cfg, args)
             elif args.command == "all":
+                from .pipeline_inputs import check_pipeline  # noqa: PLC0415
+
+                check_pipeline(cfg)  # what compare and evaluate need, before the shared stages
                 stages.run_shared(cfg)
                 for method in cfg.train.methods:  # a full run starts training over
                     stages.train(cfg, method, resume=False)
@@ -333,7 +339,8 @@ def _evaluate(cfg, args) -> None:
             raise ValueError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
 
     data = {"path": args.data, "question": args.question, "answer": args.answer,
-            "id": None if args.id.lower() == "none" else args.id, "limit": args.limit}
+            "id": None if args.id.lower() == "none" else args.id, "limit": args.limit,
+            "unparseable": args.unparseable}
     from .stages import policy_path, training_pool  # noqa: PLC0415
 
     result = evaluate_policy(cfg, data, args.policy or policy_path(cfg), args.checkpoint, args.samples,

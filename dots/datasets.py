@@ -380,8 +380,10 @@ def load_pool(spec: DatasetSpec | dict[str, Any] | str | os.PathLike, *, reward:
         problems.sort(key=lambda p: p[0])  # file order, whichever check found them
         shown = [message for _, message in problems[:MAX_REPORTED]]
         more = f" (first {MAX_REPORTED} shown)" if len(problems) > MAX_REPORTED else ""
-        hint = ("\n(unparseable: drop in the dataset spec, e.g. -S task.dataset.unparseable=drop, drops rows "
-                "whose ground truth the reward cannot read, and reports them)" if refuse and unreadable else "")
+        hint = ("\n(unparseable: drop drops rows whose ground truth the reward cannot read, and reports "
+                "them: -S task.dataset.unparseable=drop for the training pool, unparseable: drop in an "
+                "evaluate.sets entry, --unparseable drop for `dots evaluate --data`)"
+                if refuse and unreadable else "")
         raise DatasetError(f"{spec.path}: {len(problems)} problem{'s' if len(problems) != 1 else ''}"
                            f"{more}:\n  " + "\n  ".join(shown) + hint)
     if unreadable:

@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from .determinism import setup_from_config
-from .checkpoints import load_checkpoint
+from .checkpoints import load_checkpoint, load_tensors
 from .config import Config
+from .data import Question
 from .evaluation import greedy_accuracy, pass_rates, task_io
 from .models import load_policy, resolve_device
 from .rollout import context_positions
@@ -47,16 +48,18 @@ def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path,
     found = say_repeats(Path(data["path"]).name, questions, cfg.reward.name, cfg.reward.timeout_s)
     pool = training_pool() if training_pool else None
     overlap = say_in_pool(Path(data["path"]).name, questions, pool) if pool else []  # before the model loads
+    state = read_checkpoint(checkpoint) if checkpoint is not None else None  # before the model loads
     start = time.perf_counter()
     setup_from_config(cfg)
     source = policy
     model, tok = load_policy(source, getattr(torch, cfg.model.dtype))
-    if checkpoint is not None:
-        ckpt = Path(checkpoint)
-        state = load_checkpoint(ckpt.parent if ckpt.is_file() else ckpt)
-        if state is None:
-            raise FileNotFoundError(f"{ckpt}: no training checkpoint here")
-        model.load_state_dict(state["model"])
+    if state is not None:
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError as exc:  # another model's weights: a traceback of every key before
+            raise ValueError(f"--checkpoint {checkpoint}: its weights are not {source}'s ("
+                             f"{str(exc).splitlines()[0].strip()} ...); give the policy the run started "
+                             "from (--policy, or the params file it trained with: -p)") from None
     check_prompts_fit(cfg, model, tok, {Path(data["path"]).name: questions})
     model.to(resolve_device(cfg.train.device)).eval()
     engine = engine_for(cfg, model, tok, seed=seed, sleep_mode=False)
@@ -70,6 +73,33 @@ def evaluate_policy(cfg: Config, data: dict[str, Any], policy: str | Path,
     }
     out["seconds"] = time.perf_counter() - start
     return out
+
+
+def evaluation_sets(cfg: Config, repo: str | Path = ".") -> dict[str, list[Question]]:
+    """Each of evaluate.sets read and every row validated, its ground truths parsed as the reward
+    parses them (`load_pool`: a bad file or row is named). `repo`: where relative paths start (the
+    stages run in the repository; a flow may run elsewhere)."""
+    from .datasets import load_pool  # noqa: PLC0415
+
+    sets = {}
+    for spec in cfg.evaluate.sets:
+        data = spec.model_dump(exclude={"name"})
+        data["path"] = str(Path(repo) / data["path"])  # an absolute path stays what it was
+        sets[spec.name] = load_pool(data, reward=cfg.reward.name, timeout_s=cfg.reward.timeout_s)
+    return sets
+
+
+def read_checkpoint(checkpoint: str | Path) -> dict[str, Any]:
+    """A training checkpoint: the file named (any name: a set-aside `checkpoint.<key>.step<N>.pt`
+    too), or a run folder's `checkpoint.pt`. A file named was read from its folder's
+    `checkpoint.pt` instead, so the JSON named one file and scored another."""
+    path = Path(checkpoint)
+    state = load_tensors(path, "checkpoint") if path.is_file() else load_checkpoint(path)
+    if state is None:
+        raise FileNotFoundError(f"--checkpoint {path}: no training checkpoint here")
+    if not isinstance(state, dict) or not {"model", "step"} <= state.keys():
+        raise ValueError(f"--checkpoint {path}: not a dots training checkpoint (no model weights and step)")
+    return state
 
 
 def check_prompts_fit(cfg: Config, model, tok, sets: dict[str, list]) -> None:

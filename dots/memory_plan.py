@@ -72,6 +72,25 @@ def shape_from_hf_config(config) -> Shape:
     return Shape(params, layers, hidden, inter, kv_heads * (hidden // heads), config.vocab_size)
 
 
+def plan_config(path: Path):
+    """model.plan_config read as transformers reads a config.json, every way it can be wrong one
+    line naming the key: no `model_type`, not JSON, a field transformers refuses (each was a
+    traceback, or a JSON error that named no file)."""
+    from transformers import AutoConfig  # noqa: PLC0415
+
+    try:
+        raw = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"model.plan_config: {path} is not JSON ({exc})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
+        raise ValueError(f"model.plan_config: {path} needs a model_type (e.g. \"qwen2\"), as a "
+                         "config.json has")
+    try:
+        return AutoConfig.for_model(raw.pop("model_type"), **raw)
+    except Exception as exc:  # noqa: BLE001  (transformers' own validation errors have no common base)
+        raise ValueError(f"model.plan_config: {path}: {str(exc).splitlines()[0]}") from None
+
+
 def policy_shape(cfg: Config) -> Shape:
     """The policy's Shape from params: the pretrained model's config.json (a local folder or the
     local hub cache; nothing is downloaded), or the embedded tiny GPT-2."""
@@ -88,8 +107,7 @@ def policy_shape(cfg: Config) -> Shape:
             path = Path(cfg.model.plan_config)
             if not path.is_file():
                 raise ValueError(f"model.plan_config: no file {path}") from None
-            raw = json.loads(path.read_text())
-            config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+            config = plan_config(path)
     else:
         from .models import build_tokenizer  # noqa: PLC0415
 

@@ -163,6 +163,9 @@ def prepare(cfg: Config) -> dict:
     if cfg.task.source == "dataset":
         pool, held = split_dataset(cfg, dropped, repeats, conflicting)
     else:
+        if cfg.task.dataset:  # the embedded task: a spec set beside it is read by nothing
+            say(f"prepare: task.dataset ({cfg.task.dataset.get('path')}) is set but task.source is "
+                "'synthetic': training on the embedded task; set task.source=dataset to train on the file")
         pool, held = generate(cfg.task)
     if len(pool) < max(cfg.selection.ref_size, cfg.train.batch_size, cfg.label.num_questions):
         raise ValueError(f"task: the pool has {len(pool)} questions, fewer than selection.ref_size, "
@@ -198,6 +201,21 @@ def _questions_per_chunk(cfg: Config, samples: int | None = None) -> int:
     return max(1, cfg.rollout.batch_size // (samples or cfg.rollout.group_size))
 
 
+def _check_context(cfg: Config, questions: list[Question]) -> None:
+    """The embedded model's positions (model.n_positions) hold the task's longest prompt and
+    rollout.max_new_tokens. Checked where the rollout meets it (`HFEngine.generate`), that was
+    after the whole warm-up had trained and saved its checkpoints."""
+    from .models import build_tokenizer  # noqa: PLC0415
+
+    longest = max(questions, key=lambda q: len(q.prompt))
+    width = len(task_io(cfg).encode(build_tokenizer(), [longest])[0])
+    new, limit = cfg.rollout.max_new_tokens, cfg.model.n_positions
+    if width + new > limit:
+        raise ValueError(f"rollout.max_new_tokens: {new} beside the task's longest prompt ({width} tokens, "
+                         f"id {longest.id}) overruns model.n_positions ({limit}); lower "
+                         f"rollout.max_new_tokens to {limit - width} or raise model.n_positions")
+
+
 def run_warmup(cfg: Config) -> dict:
     from .warmup import warmup  # noqa: PLC0415
 
@@ -207,6 +225,7 @@ def run_warmup(cfg: Config) -> dict:
     if cfg.model.pretrained:  # a real model: nothing to warm up, but measure where it starts
         info = {"steps": 0, "seconds": 0.0, "final_loss": None, "pretrained": cfg.model.pretrained}
     else:
+        _check_context(cfg, [*pool, *held])  # before the warm-up's minutes, not at its first rollout
         seen_by_rl = frozenset(q.prompt for q in pool) | frozenset(q.prompt for q in held)
         with Progress("warm-up", max([cfg.warmup.steps, *cfg.warmup.checkpoints])) as bar:
             info = warmup(cfg, p.warmup, progress=lambda step, loss: bar.update(step, loss=loss),
@@ -497,8 +516,8 @@ def evaluate(cfg: Config, method: str | None = None) -> dict:
     of evaluate.sets: greedy accuracy, pass@k and mean@k. Every set is read and validated before
     the model loads. Writes evaluations/<method>/metrics.json and logs heldout/<set>/<metric> to the
     method's MLflow run."""
-    from .datasets import load_pool, say_in_pool, say_repeats  # noqa: PLC0415
-    from .heldout import check_prompts_fit, score  # noqa: PLC0415
+    from .datasets import say_in_pool, say_repeats  # noqa: PLC0415
+    from .heldout import check_prompts_fit, evaluation_sets, score  # noqa: PLC0415
 
     method = method or cfg.train.method
     p = paths(cfg)
@@ -506,11 +525,9 @@ def evaluate(cfg: Config, method: str | None = None) -> dict:
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder}: no exported model; run `dots train --method {method}` first")
     pool, held = load_data(cfg)
-    sets = {"task": held}
+    sets = {"task": held, **evaluation_sets(cfg)}
     found: dict[str, dict[str, list[int]]] = {}  # per extra set, ids kept in the results
     for spec in cfg.evaluate.sets:
-        sets[spec.name] = load_pool(spec.model_dump(exclude={"name"}), reward=cfg.reward.name,
-                                    timeout_s=cfg.reward.timeout_s)  # ground truths the reward reads
         found[spec.name] = say_repeats(spec.name, sets[spec.name], cfg.reward.name, cfg.reward.timeout_s)
         if ids := say_in_pool(spec.name, sets[spec.name], pool):
             found[spec.name]["in_pool"] = ids

@@ -19,6 +19,7 @@ from prefect.runtime import flow_run
 
 from dots import versioning
 from dots.config import load_config
+from dots.pipeline_inputs import check_pipeline
 from dots.pipeline_status import pipeline_runs_ended
 from tasks import stages
 
@@ -54,6 +55,7 @@ def pipeline(repo: str = ".", overrides: list[str] | None = None, remote: str | 
     # one flow writes the repository at a time; the user's params.yaml is back when this ends
     with workspace(repo, "dots-pipeline"), versioning.params_overridden(overrides, repo):
         cfg = load_config(Path(repo) / "params.yaml")
+        check_pipeline(cfg, repo)  # what compare and evaluate need, before the shared stages' minutes
         env = run_env()
         with pipeline_runs_ended(cfg, env["DOTS_PIPELINE_ID"], repo):  # failed: its MLflow runs say so
             version = prepare_models(repo, env, remote)

@@ -96,3 +96,50 @@ def test_console_script_refuses_bad_value(tmp_path):
     assert proc.returncode == 2
     assert "rollout.group_size" in proc.stderr
     assert not root.exists()
+
+
+@pytest.mark.parametrize("case", ["no grpo", "a missing evaluation set", "a bad evaluation row"])
+def test_dots_all_refuses_what_its_last_stages_need_before_the_first(tmp_path, capsys, case):
+    """compare refused methods without grpo, and the evaluate stage a missing or bad evaluate.sets
+    file, after the shared stages and every training run; `dots all` (and the pipeline flow) now
+    checks them before prepare writes anything."""
+    from dots.cli import main
+
+    root = tmp_path / "artifacts"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"q": "1+1=", "a": "2", "i": 0}\n{"q": "", "a": "3", "i": 1}\n')
+    extra, said = {
+        "no grpo": (["train.methods=[dots_rr]"], "train.methods: ['dots_rr'] has no grpo"),
+        "a missing evaluation set": ([f"evaluate.sets=[{{name: m, path: {tmp_path / 'gone.jsonl'}}}]"],
+                                     f"{tmp_path / 'gone.jsonl'}"),
+        "a bad evaluation row": ([f"evaluate.sets=[{{name: m, path: {bad}, question: q, answer: a, id: i}}]"],
+                                 "bad.jsonl row 1 (id 1"),
+    }[case]
+    argv = ["all", "-p", str(REPO / "params.yaml")]
+    for o in SMALL + [f"paths.root={root}", "tracking.enabled=false", *extra]:
+        argv += ["-S", o]
+    assert main(argv) == 1
+    assert said in capsys.readouterr().err
+    assert not (root / "data").exists()  # prepare never ran
+    if case == "no grpo":  # a target given instead: a comparison without grpo is fine
+        from dots.pipeline_inputs import check_pipeline
+        from dots.config import load_config
+
+        check_pipeline(load_config(None, ["train.methods=[dots_rr]", "train.target_accuracy=0.3"]))
+
+
+def test_a_rollout_longer_than_the_model_is_refused_before_the_warm_up_trains(tmp_path, capsys):
+    """max_new_tokens beside the longest prompt overran model.n_positions: the rollout said so after
+    the whole warm-up had trained and saved its checkpoints."""
+    from dots.cli import main
+
+    root = tmp_path / "artifacts"
+    argv = ["all", "-p", str(REPO / "params.yaml")]
+    for o in SMALL + [f"paths.root={root}", "tracking.enabled=false", "rollout.max_new_tokens=60"]:
+        argv += ["-S", o]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "rollout.max_new_tokens: 60 beside the task's longest prompt (" in err
+    assert "model.n_positions (64)" in err
+    assert not (root / "models").exists()
+

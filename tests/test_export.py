@@ -269,6 +269,63 @@ def test_evaluate_data_where_prepare_has_not_run_makes_the_pool_as_it_would(tiny
     assert "in_pool" not in result and result["questions"] == 2 and "greedy_accuracy" in result
 
 
+def _evaluate_argv(tiny_pipeline, tmp_path, rows, *extra):
+    from .conftest import default_params, tiny_overrides
+
+    data = tmp_path / "set.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["evaluate", "-p", default_params(tmp_path), "--data", str(data), "--question", "q",
+            "--answer", "a", "--id", "i", "--policy", str(stages.paths(tiny_pipeline).policy), *extra]
+    for o in tiny_overrides(tiny_pipeline.root):
+        argv += ["-S", o]
+    return argv
+
+
+def test_dots_evaluate_scores_the_checkpoint_file_it_names(tiny_pipeline, tmp_path, capsys, monkeypatch):
+    """`--checkpoint FILE.pt` loaded its folder's checkpoint.pt: the JSON named a set-aside file
+    and reported another's step. Another model's weights were a traceback of every key; a missing
+    checkpoint was named after the policy had loaded (on a GPU profile, a 1.5B model)."""
+    import torch
+
+    from dots import heldout
+    from dots.cli import main
+    from dots.models import load_policy
+
+    weights = load_policy(stages.paths(tiny_pipeline).policy)[0].state_dict()
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    torch.save({"model": weights, "step": 4}, folder / "checkpoint.pt")
+    torch.save({"model": weights, "step": 2}, folder / "checkpoint.0123456789abcdef.step2.pt")
+    torch.save({"model": {"wte.weight": torch.zeros(3, 3)}, "step": 1}, tmp_path / "other.pt")
+    argv = _evaluate_argv(tiny_pipeline, tmp_path, [{"q": "1+2=", "a": "3", "i": 0}])
+    for named, step in ((folder / "checkpoint.0123456789abcdef.step2.pt", 2), (folder, 4)):
+        assert main(argv + ["--checkpoint", str(named)]) == 0
+        out = capsys.readouterr().out
+        assert json.loads(out[out.index("{"):])["step"] == step
+    assert main(argv + ["--checkpoint", str(tmp_path / "other.pt")]) == 1
+    err = capsys.readouterr().err
+    assert f"--checkpoint {tmp_path / 'other.pt'}: its weights are not " in err and "Traceback" not in err
+    loaded = []
+    monkeypatch.setattr(heldout, "load_policy", lambda *a, **k: loaded.append(a))
+    assert main(argv + ["--checkpoint", str(tmp_path / "none")]) == 1
+    assert f"--checkpoint {tmp_path / 'none'}: no training checkpoint here" in capsys.readouterr().err
+    assert loaded == []
+
+
+def test_dots_evaluate_can_drop_the_rows_its_reward_cannot_read(tiny_pipeline, tmp_path, capsys):
+    """The refusal said to set `unparseable: drop` in the dataset spec, which `dots evaluate --data`
+    has none of (its -S task.dataset.unparseable was accepted and did nothing)."""
+    from dots.cli import main
+
+    rows = [{"q": "1+2=", "a": "3", "i": 0}, {"q": "2+2=", "a": "null", "i": 1}]
+    argv = _evaluate_argv(tiny_pipeline, tmp_path, rows)
+    assert main(argv) == 1
+    assert "--unparseable drop for `dots evaluate --data`" in capsys.readouterr().err
+    assert main(argv + ["--unparseable", "drop"]) == 0
+    out = capsys.readouterr().out
+    assert "dropped 1 row" in out and json.loads(out[out.index("{"):])["questions"] == 1
+
+
 def test_evaluate_refuses_a_method_without_an_export(trained):
     cfg, _ = trained
     with pytest.raises(FileNotFoundError, match="dots train --method dots"):

@@ -67,3 +67,21 @@ def test_train_refuses_before_anything_loads(tmp_path):
     with pytest.raises(PlanError, match="memory plan"):
         stages.train(cfg, "grpo")  # no prepared data exists: the plan is refused before it is looked for
     assert not (tmp_path / "artifacts").exists()
+
+
+@pytest.mark.parametrize("content,said", [
+    ('{"hidden_size": 64}', "needs a model_type"),
+    ("not json", "is not JSON"),
+    ('{"model_type": "qwen2", "num_attention_heads": "many"}', "model.plan_config: "),
+])
+def test_a_bad_plan_config_is_one_line_naming_its_key(tmp_path, capsys, content, said):
+    """A plan_config without model_type was a KeyError traceback, a field transformers refuses
+    another, and a file that is not JSON a JSON error that named neither key nor file."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(content)
+    argv = ["plan", "-S", f"model.pretrained={tmp_path / 'no-model'}", "-S", f"model.plan_config={plan}",
+            "-S", "embed.backbone=hf:x", "-S", "label.policies=[final]"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert said in err and "model.plan_config" in err and "Traceback" not in err
+
