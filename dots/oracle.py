@@ -8,7 +8,8 @@ model's own softmax, so a question's pass rate is exactly
     P(answer, eos | prompt) = Π_t softmax(logits_t)[answer_t] · softmax(logits_T)[eos]
 
 — one teacher-forced forward pass, no sampling. (A response cut at `max_new_tokens` without eos
-counts when its tokens are the answer: then no eos factor.) That makes a perfect difficulty
+counts when its tokens are the answer: then no eos factor; an answer longer than `max_new_tokens`
+can never be written, and its rate is 0.) That makes a perfect difficulty
 predictor available on this task, and with it an upper bound on what a better predictor could
 buy DOTS: `selection.oracle` replaces the predicted d̂ of each round with 1 − these rates under
 the current policy. It reads the answers, so it is a diagnostic of the embedded task, never a
@@ -45,7 +46,11 @@ def exact_pass_rates(model, prompts: list[list[int]], answers: list[list[int]], 
                                 logprobs=torch.zeros(target.shape), texts=[], rewards=torch.zeros(1)))
         batch = collate(groups, pad_id).to(device)
         logp = torch.where(batch.response_mask, token_logprobs(model, batch), 0.0)
-        out.append(logp.sum(-1).exp().double().cpu())
+        rate = logp.sum(-1).exp().double().cpu()
+        # an answer longer than max_new_tokens cannot be written: its cut prefix's probability was
+        # returned (0.82 for a question no sample solved; found by a review)
+        too_long = torch.tensor([len(a) > max_new_tokens for a in answers[start:start + batch_size]])
+        out.append(torch.where(too_long, 0.0, rate))
     set_training(model, was)
     return torch.cat(out).numpy() if out else np.empty(0, dtype=np.float64)
 

@@ -39,6 +39,11 @@ def test_exact_pass_rates_match_what_sampling_observes(tiny_pipeline, pipeline_d
     wrong = [tok("9999999", add_special_tokens=False)["input_ids"]] * 3
     assert exact_pass_rates(model, io.encode(tok, pool[:3]), wrong, tok.eos_token_id, tok.pad_token_id,
                             cfg.rollout.max_new_tokens).max() < 1e-3
+    # an answer longer than max_new_tokens can never be written: rate 0, not its cut prefix's
+    answers = answer_ids(tok, pool[:8])
+    short = min(len(a) for a in answers) - 1
+    cut = exact_pass_rates(model, io.encode(tok, pool[:8]), answers, tok.eos_token_id, tok.pad_token_id, short)
+    assert (cut == 0).all() and exact[:8].max() > 0
 
 
 def test_the_oracle_is_refused_where_the_formula_does_not_hold():
