@@ -92,13 +92,29 @@ def greedy_accuracy(engine: RolloutEngine, tokenizer, questions: list[Question],
 
 def pass_rates(engine: RolloutEngine, tokenizer, questions: list[Question], group_size: int,
                temperature: float, max_new_tokens: int, generator: torch.Generator | None = None,
-               chunk: int = 256, io: TaskIO = PLAIN, progress: str = "evaluation") -> np.ndarray:
-    """Mean reward of `group_size` samples per question."""
+               chunk: int = 256, io: TaskIO = PLAIN, progress: str = "evaluation",
+               paired: bool = False) -> np.ndarray:
+    """Mean reward of `group_size` samples per question.
+
+    `paired` (evaluations, whose policies are compared question by question): every chunk, at
+    most one engine batch, samples from a generator of its own, seeded from `generator` before
+    anything is sampled, so the numbers a question draws do not depend on the policy. With one
+    shared generator, a decoding batch that stops when its rows have all ended leaves the stream
+    where its answers' lengths put it: from the first chunk two policies answered at different
+    lengths, every later chunk drew other numbers (`grpo` and `dots_rr` shared the dice on half of
+    the held-out set; found by a review). Labels and the warm-up spectrum keep the one stream:
+    they compare no two policies draw for draw, and their draws are the published runs'."""
+    seeds: list[int] = []
+    if paired and generator is not None:
+        chunk = min(chunk, max(1, getattr(engine, "batch_size", chunk * group_size) // group_size))
+        n_chunks = -(-len(questions) // chunk)
+        seeds = torch.randint(0, 2**62, (n_chunks,), generator=generator).tolist()
     out = []
-    for start in range(0, len(questions), chunk):
+    for i, start in enumerate(range(0, len(questions), chunk)):
         part = questions[start:start + chunk]
+        gen = torch.Generator().manual_seed(seeds[i]) if seeds else generator
         groups = engine.generate(io.encode(tokenizer, part), group_size, temperature=temperature,
-                                 max_new_tokens=max_new_tokens, generator=generator, need_logprobs=False)
+                                 max_new_tokens=max_new_tokens, generator=gen, need_logprobs=False)
         io.score(groups, part)
         out.extend(g.mean_reward for g in groups)
         report(progress, len(out), len(questions))

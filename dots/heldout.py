@@ -130,7 +130,8 @@ def score(cfg: Config, engine, tok, questions: list, samples: int, seed: int) ->
                                                               cfg.eval.batch_size, io)}
     if samples > 0:
         rates = pass_rates(engine, tok, questions, samples, r.temperature, r.max_new_tokens,
-                           torch.Generator().manual_seed(seed), chunk=max(1, r.batch_size // samples), io=io)
+                           torch.Generator().manual_seed(seed), chunk=max(1, r.batch_size // samples), io=io,
+                           paired=True)
         out.update({"samples": samples, "temperature": r.temperature,
                     f"pass@{samples}": float((rates > 0).mean()), f"mean@{samples}": float(rates.mean())})
     return out

@@ -416,7 +416,8 @@ class Trainer:
         with self._generating():
             rates = pass_rates(self.engine, self.tokenizer, mine, n, r.temperature, r.max_new_tokens,
                                torch.Generator().manual_seed(seed + 7919 * self.dist.rank),
-                               chunk=max(1, self.cfg.eval.batch_size // n), io=self.io) if mine else np.zeros(0)
+                               chunk=max(1, self.cfg.eval.batch_size // n), io=self.io,
+                               paired=True) if mine else np.zeros(0)
         return np.asarray(self.dist.gather(rates.tolist()), dtype=np.float64)
 
     def evaluate(self) -> dict:

@@ -13,7 +13,7 @@ import torch
 
 from dots import runfiles, stages
 from dots.checkpoints import SET_ASIDE_KEPT, run_key, set_aside_path, set_asides
-from dots.models import load_policy
+from dots.models import build_tokenizer, load_policy
 from dots.trainer import Trainer, time_to_target
 
 from .conftest import spy_rollouts, tiny_config
@@ -540,6 +540,46 @@ def test_sampled_evaluation_draws_the_same_dice_every_time(tiny_pipeline, pipeli
     b = trainer._rates(trainer.eval_set, 4, cfg.eval.seed + 1)
     assert len(a) == len(trainer.eval_set) and first["accuracy"] == pytest.approx(float(a.mean()))
     assert not (a == b).all()
+
+
+class _LengthyEngine:
+    """An engine whose answers take `steps` decode steps: like HFEngine it draws G numbers a
+    step from the generator until its batch has ended, and records the first it draws."""
+
+    batch_size = 8
+
+    def __init__(self, steps):
+        self.steps, self.first = steps, []
+
+    def generate(self, prompts, g, temperature, max_new_tokens, generator=None, need_logprobs=True):
+        from dots.rollout import Group
+
+        assert len(prompts) * g <= self.batch_size  # a paired chunk is at most one engine batch
+        draws = torch.rand(self.steps, len(prompts) * g, generator=generator)
+        self.first.append(float(draws[0, 0]))
+        return [Group(question_id=0, prompt_ids=torch.tensor(p), response_ids=torch.ones(g, 1, dtype=torch.long),
+                      response_mask=torch.ones(g, 1, dtype=torch.bool), logprobs=torch.zeros(g, 1),
+                      texts=["1"] * g) for p in prompts]
+
+
+def test_paired_evaluation_gives_each_question_the_same_draws_whatever_the_policy_answered():
+    """One generator shared by an evaluation's batches moved by the decode steps each batch took:
+    two policies answering at other lengths drew other numbers from the second batch on (half of
+    `grpo`'s and `dots_rr`'s held-out set). Paired, each chunk has its own seed, drawn first."""
+    from dots.data import Question
+    from dots.evaluation import pass_rates
+
+    questions = [Question(id=i, prompt=f"{i}+1=", answer=str(i + 1)) for i in range(10)]
+    tok = build_tokenizer()
+    drawn = {}
+    for paired in (False, True):
+        for steps in (3, 7):  # two policies: short and long answers
+            engine = _LengthyEngine(steps)
+            pass_rates(engine, tok, questions, 2, 1.0, 10, torch.Generator().manual_seed(0), chunk=4,
+                       paired=paired)
+            drawn[paired, steps] = engine.first
+    assert drawn[True, 3] == drawn[True, 7] and len(drawn[True, 3]) == 3  # 10 questions, 4 a chunk
+    assert drawn[False, 3][0] == drawn[False, 7][0] and drawn[False, 3][1:] != drawn[False, 7][1:]
 
 
 def test_evaluation_does_not_move_the_training_stream(tiny_pipeline, pipeline_data, tmp_path):
