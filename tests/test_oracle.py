@@ -42,7 +42,8 @@ def test_exact_pass_rates_match_what_sampling_observes(tiny_pipeline, pipeline_d
     # an answer longer than max_new_tokens can never be written: rate 0, not its cut prefix's
     answers = answer_ids(tok, pool[:8])
     short = min(len(a) for a in answers) - 1
-    cut = exact_pass_rates(model, io.encode(tok, pool[:8]), answers, tok.eos_token_id, tok.pad_token_id, short)
+    cut = exact_pass_rates(model, io.encode(tok, pool[:8]), answers, tok.eos_token_id, tok.pad_token_id,
+                           short)
     assert (cut == 0).all() and exact[:8].max() > 0
 
 

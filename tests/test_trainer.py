@@ -557,7 +557,8 @@ class _LengthyEngine:
         assert len(prompts) * g <= self.batch_size  # a paired chunk is at most one engine batch
         draws = torch.rand(self.steps, len(prompts) * g, generator=generator)
         self.first.append(float(draws[0, 0]))
-        return [Group(question_id=0, prompt_ids=torch.tensor(p), response_ids=torch.ones(g, 1, dtype=torch.long),
+        return [Group(question_id=0, prompt_ids=torch.tensor(p),
+                      response_ids=torch.ones(g, 1, dtype=torch.long),
                       response_mask=torch.ones(g, 1, dtype=torch.bool), logprobs=torch.zeros(g, 1),
                       texts=["1"] * g) for p in prompts]
 
