@@ -261,30 +261,42 @@ def push(repo: str | Path = ".", targets: list[str] | None = None, remote: str |
 
 
 def stage_inputs_key(stage: str, repo: str | Path = ".") -> str:
-    """A hash of what `stage` reads: its params' current values, the recorded hashes of
-    upstream outputs it depends on, the content of its code dependencies, and the state of
-    its own outputs in this workspace. Equal keys mean the stage's result is there and
-    current (Prefect's cache key for embed and predictor)."""
+    """A hash of what `stage` reads and writes as this workspace holds them: its params' current
+    values, the content of every dependency (code, and upstream outputs) and of its own outputs.
+    Equal keys mean the stage's result is there and current (Prefect's cache key for embed and
+    predictor). Why content and not the hashes dvc.lock records: a hand `dots fit-predictor`
+    replaced predictor.pt without touching dvc.lock, the key stayed, and every flow for the cache's
+    30 days skipped the stage and trained on the hand-made predictor (found by a review)."""
     repo = Path(repo)
     spec = (yaml.safe_load((repo / "dvc.yaml").read_text()) or {})["stages"][stage]
     params = yaml.safe_load((repo / "params.yaml").read_text()) or {}
-    upstream = {o["path"]: o.get("md5") for s in lock(repo).values() for o in s.get("outs", [])}
     h = hashlib.sha256(stage.encode())
     for key in spec.get("params", []):
         value = params
         for part in str(key).split("."):
             value = value.get(part) if isinstance(value, dict) else None
         h.update(f"{key}={json.dumps(value, sort_keys=True, default=str)}".encode())
-    for dep in spec.get("deps", []):
-        if dep in upstream:
-            h.update(f"{dep}:{upstream[dep]}".encode())
-        elif (repo / dep).is_file():
-            h.update(f"{dep}:".encode() + (repo / dep).read_bytes())
-        else:
-            h.update(f"{dep}:missing".encode())
     # This workspace's own outputs: a fresh clone or deleted outputs never hit another run's cache.
     h.update(str(repo.resolve()).encode())
-    for out in spec.get("outs", []):
-        path = out if isinstance(out, str) else next(iter(out))
-        h.update(f"{path}:{(repo / path).exists()}:{upstream.get(path)}".encode())
+    outs = [out if isinstance(out, str) else next(iter(out)) for out in spec.get("outs", [])]
+    for path in [*spec.get("deps", []), *outs]:
+        h.update(f"{path}:{content_digest(repo / path)}".encode())
     return h.hexdigest()[:24]
+
+
+def content_digest(path: Path) -> str:
+    """sha256 of a file's bytes, or of a folder's files (relative names and bytes, in name
+    order); "missing" when there is none."""
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+    else:
+        return "missing"
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(path)).encode() if f != path else b"")
+        with f.open("rb") as stream:
+            while block := stream.read(1 << 20):
+                h.update(block)
+    return h.hexdigest()

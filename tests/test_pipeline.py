@@ -614,3 +614,26 @@ def test_a_run_whose_process_was_killed_outright_is_ended_by_the_next_stage(tmp_
     assert status == {"grpo": "KILLED", "dots": "RUNNING", "rr": "RUNNING", "greso": "RUNNING"}
     again, _ = tracker.child("grpo")  # the killed stage run again takes its run back
     assert again == stale.info.run_id and tracker.client.get_run(again).info.status == "RUNNING"
+
+
+def test_the_flow_cache_key_follows_the_files_on_disk_not_dvc_lock(tmp_path):
+    """A hand `dots fit-predictor` replaced predictor.pt without touching dvc.lock: the key, made of
+    the hashes dvc.lock records, stayed, and every flow skipped the stage with the hand-made file."""
+    from dots.versioning import stage_inputs_key
+
+    (tmp_path / "dvc.yaml").write_text("stages:\n  fit:\n    cmd: x\n    deps: [emb.pt, code.py, models]\n"
+                                       "    params: [predictor.steps]\n    outs: [predictor.pt]\n")
+    (tmp_path / "params.yaml").write_text("predictor:\n  steps: 3\n")
+    for name, text in (("emb.pt", "e"), ("code.py", "c"), ("predictor.pt", "p"), ("models/a", "m")):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    key = stage_inputs_key("fit", tmp_path)
+    assert stage_inputs_key("fit", tmp_path) == key
+    for name, text in (("predictor.pt", "hand-made"), ("emb.pt", "other"), ("models/a", "other")):
+        before = (tmp_path / name).read_text()
+        (tmp_path / name).write_text(text)
+        assert stage_inputs_key("fit", tmp_path) != key, name
+        (tmp_path / name).write_text(before)
+    assert stage_inputs_key("fit", tmp_path) == key
+    (tmp_path / "predictor.pt").unlink()
+    assert stage_inputs_key("fit", tmp_path) != key
