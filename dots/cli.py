@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 from .atomic import NO_SPACE, DiskFull
 from .config import BENCH_METHODS, BENCH_SEEDS, MAX_SEED, METHODS, ConfigError, load_config, params_file
@@ -114,6 +116,28 @@ def _bench_diff(args) -> int:
     return 0 if result["within"] else 1
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is. Not an Exception: a stage's MLflow runs end KILLED
+    (as for Ctrl-C), not FAILED."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def _stopped_by_sigterm() -> bool:
+    """SIGTERM (what `kill`, `timeout`, schedulers and a dying parent's PDEATHSIG send) ends a
+    command as Ctrl-C does: a training stage logs its buffered steps and ends its MLflow runs
+    KILLED. Before, the process died at once and left its run RUNNING, with its last steps
+    unlogged, until the next training stage on the machine ended it (found by a review). Only
+    where no one else handles the signal (a Prefect worker, a test harness may)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return False
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "bench-diff":
@@ -145,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from . import stages  # noqa: PLC0415  (heavy imports only after the config is valid)
 
+    installed = _stopped_by_sigterm()
     try:
         _require_environment(cfg, args, stages)
         with _workspace(args) as held:  # a command that writes the repository waits for a flow writing it
@@ -195,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     except HolderGone as exc:  # a flow's stage whose flow died before it started
         print(scrub(str(exc)), file=sys.stderr)
         return 1
+    except Terminated:
+        print(f"dots {args.command}: stopped by SIGTERM; run it again to go on from its last checkpoint",
+              file=sys.stderr)
+        return 128 + signal.SIGTERM
     except OSError as exc:  # a full disk: one line naming the file (atomic writes keep the old one)
         if exc.errno not in NO_SPACE:
             raise
@@ -202,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{exc.filename or 'a file'}: no space left on its disk. Free space and run the command again")
         print(f"dots {args.command}: {scrub(said)}", file=sys.stderr)
         return 1
+    finally:
+        if installed:  # an in-process caller (a test, a notebook) gets its own handling back
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return 0
 
 

@@ -167,3 +167,41 @@ def test_a_failed_bench_fails_its_parent_run(tmp_path, monkeypatch):
                         shared=lambda c: {})
     store = tmp_path / "artifacts" / "bench" / "mlflow.db"  # the bench's own workspace
     assert _runs(tmp_path, store) == {"pipeline-tus-test": "FAILED", "grpo/seed0": "FAILED"}
+
+
+def test_sigterm_ends_a_training_run_killed_with_its_steps_logged(tiny_pipeline, tmp_path):
+    """SIGTERM (`kill`, `timeout`, a scheduler, a dying parent's PDEATHSIG) killed `dots train` at
+    once: its MLflow run stayed RUNNING, its buffered steps unlogged, until the next training stage
+    on the machine. Now it ends as Ctrl-C does: KILLED, every step it had trained logged, exit 143."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from .conftest import REPO, default_params, mlflow_runs, tiny_overrides
+
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    for part in ("data", "models", "embeddings", "predictor"):  # the fixture's inputs; outputs go here
+        (root / part).symlink_to(tiny_pipeline.root / part)
+    args = [sys.executable, "-m", "dots.cli", "train", "--method", "grpo", "-p", default_params(tmp_path)]
+    for o in tiny_overrides(root) + ["train.steps=400", "train.checkpoint_every=2", "tracking.enabled=true",
+                                     "tracking.log_every=50",
+                                     f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", "train.threads=1"]:
+        args += ["-S", o]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    checkpoint = root / "checkpoints" / "grpo" / "checkpoint.pt"  # step 2 trained
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not checkpoint.exists():
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "dots train: stopped by SIGTERM; run it again to go on from its last checkpoint" in err
+    client, runs = mlflow_runs(tmp_path / "mlflow.db")
+    run = next(r for r in runs if r.data.tags.get("method") == "grpo" and r.data.tags.get("dots.role") == "train")
+    assert run.info.status == "KILLED"
+    logged = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert len(logged) >= 2 and logged == list(range(1, len(logged) + 1))  # fewer than log_every: flushed
