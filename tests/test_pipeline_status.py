@@ -173,7 +173,6 @@ def test_sigterm_ends_a_training_run_killed_with_its_steps_logged(tiny_pipeline,
     """SIGTERM (`kill`, `timeout`, a scheduler, a dying parent's PDEATHSIG) killed `dots train` at
     once: its MLflow run stayed RUNNING, its buffered steps unlogged, until the next training stage
     on the machine. Now it ends as Ctrl-C does: KILLED, every step it had trained logged, exit 143."""
-    import json
     import signal
     import subprocess
     import sys
