@@ -500,10 +500,13 @@ class Trainer:
     # ---- checkpoints -----------------------------------------------------------------------
     def _run_identity(self) -> dict[str, str]:
         """What a checkpoint is valid for, part by part: every param that changes the trajectory (a
-        longer `train.steps`, other threads or checkpoint spacing may resume, and where MLflow
-        logs is not the run's), the policy it starts from, the data it trains and evaluates on,
-        and the dots code that trains it (`dots.provenance`: the trainer, what it imports, stages.py)."""
-        params = self.cfg.fingerprint(("paths", "train.method", "train.methods", "train.threads", "bench",
+        longer `train.steps` or other checkpoint spacing may resume, and where MLflow logs is not
+        the run's), the policy it starts from, the data it trains and evaluates on, and the dots
+        code that trains it (`dots.provenance`: the trainer, what it imports, stages.py).
+        `train.threads` counts since stop 69: torch's sums run in another order on other threads,
+        so `-S train.threads=1` went on from (or only exported) a run trained on 2, and dvc.lock
+        recorded 1 thread for its weights (found by a review)."""
+        params = self.cfg.fingerprint(("paths", "train.method", "train.methods", "bench",
                                        "train.checkpoint_every", "train.steps", "tracking"), self.method)
         return {"params": params, "policy": self.policy_identity, "data": self.data_identity,
                 "code": code_identity("training")}
