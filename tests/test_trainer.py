@@ -469,6 +469,17 @@ def test_at_most_two_set_aside_checkpoints_are_kept(tiny_pipeline, pipeline_data
     assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["step"] == 1  # lr 0.004's own
 
 
+def test_other_threads_are_another_run_other_checkpoint_spacing_is_not(tiny_pipeline, pipeline_data,
+                                                                        tmp_path):
+    """torch's sums run in another order on other threads: `-S train.threads=1` went on from a run
+    trained on 2 (and dvc.lock recorded 1 thread for its weights)."""
+    ident = {extra: _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / extra, extra)[1]._run_identity()
+             for extra in ("train.threads=1", "train.threads=2", "train.checkpoint_every=7")}
+    assert ident["train.threads=1"]["params"] != ident["train.threads=2"]["params"]
+    # the fixture trains on 2 threads: a checkpoint spacing alone is the same run
+    assert ident["train.threads=2"]["params"] == ident["train.checkpoint_every=7"]["params"]
+
+
 # ---- smoothing: one noisy evaluation can neither set the target nor reach it ------------------
 
 SPIKY = [
