@@ -675,6 +675,19 @@ class Trainer:
             say(f"{self.checkpoint_dir}: removed {line}, the oldest set-aside checkpoint: at most "
                 f"{SET_ASIDE_KEPT} are kept")
 
+    def _drop_last_budgets_evaluation(self) -> None:
+        """A run gone on past a shorter budget: that budget's last step was evaluated because it
+        was the last (`advance`), off the `eval.every` grid where the uninterrupted run never
+        evaluates. Kept, it moved the smoothed end point (grpo's: compare's target) and where the
+        time to target is read (a 3-step run taken to 6 with eval.every 2: evaluations at 0, 2, 3,
+        4, 6; found by a review). The evaluation draws from its own generator, so dropping it
+        leaves the training stream as it is."""
+        if self.step % self.cfg.eval.every == 0 or not self.evals or self.evals[-1]["step"] != self.step:
+            return
+        self.evals = self.evals[:-1]
+        if self.records and self.records[-1]["step"] == self.step:
+            self.records[-1] = {k: v for k, v in self.records[-1].items() if k not in EVAL_RECORD_KEYS}
+
     def _restore(self) -> None:
         state = self._resume_state()
         if state is None:
@@ -704,6 +717,7 @@ class Trainer:
         self.resumed_at = [int(s) for s in state.get("resumed_at", [])]
         if self.step < self.cfg.train.steps:  # a finished run read back trains nothing in this sitting
             self.resumed_at.append(int(self.step))
+            self._drop_last_budgets_evaluation()
         if self.records:
             last = self.records[-1]
             self.totals = {"tokens_sampled": last["tokens/sampled_total"], "tokens_trained": last[
@@ -711,6 +725,7 @@ class Trainer:
         say(f"{self.checkpoint_dir}: resuming from step {self.step}")
 
 
+EVAL_RECORD_KEYS = ("eval/accuracy", "eval/frontier", "dots/probe_pearson")  # what `advance` adds to a record
 _PARTS = {"params": "with other params", "policy": "from another warm-up policy", "data": "on other data",
           "code": "by other dots code"}
 

@@ -452,6 +452,25 @@ def test_a_checkpoint_past_a_shorter_budget_is_not_resumed_but_kept(tiny_pipelin
     assert _set_aside(tmp_path / "run") == {2: {run_key(full._run_fingerprint())}}
 
 
+def test_a_longer_budget_ends_as_the_uninterrupted_run_without_the_old_last_evaluation(
+        tiny_pipeline, pipeline_data, tmp_path):
+    """A 3-step run taken to 6 (eval.every 2) kept the evaluation its old last step had: evaluations
+    at 0, 2, 3, 4, 6 against the uninterrupted run's 0, 2, 4, 6, and another smoothed end point."""
+    extra = ("train.checkpoint_every=1", "eval.every=2")
+    _, short = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", "train.steps=3", *extra)
+    short.run()
+    _, longer = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "run", "train.steps=6", *extra,
+                         resume=True)
+    gone_on = longer.run()
+    _, whole = _trainer(tiny_pipeline, pipeline_data, "grpo", tmp_path / "whole", "train.steps=6", *extra)
+    straight = whole.run()
+    assert [e["step"] for e in gone_on.evals] == [e["step"] for e in straight.evals] == [0, 2, 4, 6]
+    assert [e["accuracy"] for e in gone_on.evals] == [e["accuracy"] for e in straight.evals]
+    for a, b in zip(gone_on.records, straight.records):
+        assert {k: v for k, v in a.items() if not k.startswith("time/")} == \
+            {k: v for k, v in b.items() if not k.startswith("time/")}, a["step"]
+
+
 def test_at_most_two_set_aside_checkpoints_are_kept(tiny_pipeline, pipeline_data, tmp_path, capsys):
     """Every params change sets a checkpoint aside (about 9 GB on the GPU profile): the newest
     SET_ASIDE_KEPT stay, an older one is removed with a line naming it."""
