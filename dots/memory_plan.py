@@ -74,10 +74,12 @@ def shape_from_hf_config(config) -> Shape:
 
 def plan_config(path: Path):
     """model.plan_config read as transformers reads a config.json, every way it can be wrong one
-    line naming the key: no `model_type`, not JSON, a field transformers refuses (each was a
-    traceback, or a JSON error that named no file)."""
+    line naming the key: no such file, no `model_type`, not JSON, a field transformers refuses
+    (each but the first was a traceback, or a JSON error that named no file)."""
     from transformers import AutoConfig  # noqa: PLC0415
 
+    if not path.is_file():
+        raise ValueError(f"model.plan_config: no file {path}")
     try:
         raw = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
@@ -104,10 +106,7 @@ def policy_shape(cfg: Config) -> Shape:
                 raise ValueError(f"model.pretrained: cannot read {cfg.model.pretrained!r}'s config.json (a local "
                                  f"folder, or a model in the local hub cache), and model.plan_config is not set: "
                                  f"{str(exc).splitlines()[0]}") from None
-            path = Path(cfg.model.plan_config)
-            if not path.is_file():
-                raise ValueError(f"model.plan_config: no file {path}") from None
-            config = plan_config(path)
+            config = plan_config(Path(cfg.model.plan_config))
     else:
         from .models import build_tokenizer  # noqa: PLC0415
 

@@ -284,12 +284,9 @@ def embed(cfg: Config) -> dict:
                                  key="embed.backbone")
         model.to(resolve_device(cfg.train.device))
         emb = masked_mean_embeddings(model, tok, texts, cfg.embed.batch_size, cfg.embed.pooling)
-    elif cfg.embed.backbone.startswith(SENTENCE_TRANSFORMERS):
+    else:  # 'sentence-transformers:<name>', the one form left: the config refuses any other
         name = cfg.embed.backbone[len(SENTENCE_TRANSFORMERS):]
         emb = encode_with_sentence_transformers(name, texts, cfg.embed.batch_size)
-    else:
-        raise ValueError(f"embed.backbone: {cfg.embed.backbone!r}; allowed: 'warmup', 'hf:<name or path>' "
-                         "or 'sentence-transformers:<name>'")
     save_embeddings(p.embeddings, emb, ident, pool)
     say(f"embed: {tuple(emb.shape)} in {time.perf_counter() - start:.1f}s -> {p.embeddings}")
     return {"cached": False, "shape": list(emb.shape)}
